@@ -1,0 +1,37 @@
+// Version, portability macros and feature switches: the single home of TG_HD and TG_WITH_CUDA.
+#pragma once
+
+#define TG_VERSION_MAJOR 0
+#define TG_VERSION_MINOR 1
+#define TG_VERSION_PATCH 0
+#define TG_VERSION_STRING "0.1.0"
+
+// TG_HD marks functions that run on the host and, under nvcc, on the device too.
+#if defined(__CUDACC__)
+#define TG_HD __host__ __device__
+#define TG_DEVICE __device__
+#else
+#define TG_HD
+#define TG_DEVICE
+#endif
+
+// TG_WITH_CUDA is set by the tapegrad::cuda CMake target (CUDA runtime, cuBLAS and cuBLASLt linked).
+// Host-side CUDA work (device queries, memory, copies) needs only that; work that launches kernels also
+// needs the translation unit to be compiled by nvcc, which TG_CUDA_KERNELS says.
+#if defined(TG_WITH_CUDA) && defined(__CUDACC__)
+#define TG_CUDA_KERNELS 1
+#endif
+
+namespace tg {
+
+/// The library version as "major.minor.patch".
+inline constexpr const char* version = TG_VERSION_STRING;
+
+/// True when this translation unit was built with the CUDA backend (TG_WITH_CUDA).
+#if defined(TG_WITH_CUDA)
+inline constexpr bool built_with_cuda = true;
+#else
+inline constexpr bool built_with_cuda = false;
+#endif
+
+}  // namespace tg

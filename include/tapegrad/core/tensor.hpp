@@ -1,0 +1,279 @@
+// Tensor<T, D>: a row-major, contiguous array on one device with shared, immutable-by-convention storage.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <ostream>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tapegrad/backend/cpu/loops.hpp"
+#include "tapegrad/backend/cuda/launch.hpp"
+#include "tapegrad/core/device.hpp"
+#include "tapegrad/core/dtype.hpp"
+#include "tapegrad/core/error.hpp"
+#include "tapegrad/core/shape.hpp"
+#include "tapegrad/core/storage.hpp"
+
+namespace tg {
+
+namespace detail {
+
+/// Runs f(i) for i in [0, n) on device D: an OpenMP loop on the CPU, a grid-stride kernel on CUDA.
+template <Device D, class F>
+void index_map(std::int64_t n, const F& f) {
+  if constexpr (std::is_same_v<D, Cpu>) {
+    cpu::index_map(n, f);
+  } else {
+#if defined(TG_CUDA_KERNELS)
+    cuda::index_map(n, f);
+#elif defined(TG_WITH_CUDA)
+    static_assert(always_false<F>,
+                  "tapegrad: this CUDA work launches kernels, so this file must be compiled by nvcc "
+                  "(a .cu file, or set_source_files_properties(... LANGUAGE CUDA))");
+#else
+    (void)n, (void)f;
+    cuda::require_device("cuda kernel");
+#endif
+  }
+}
+
+/// Converts a double to any element type (bf16 rounds to nearest even).
+template <Element T>
+TG_HD T from_double(double x) {
+  if constexpr (std::is_same_v<T, bf16>) return bf16(static_cast<float>(x));
+  else return static_cast<T>(x);
+}
+
+template <Element T>
+struct FillFn {
+  T* out;
+  T value;
+  TG_HD void operator()(std::int64_t i) const { out[i] = value; }
+};
+
+template <Element T>
+struct ArangeFn {
+  T* out;
+  double start, step;
+  TG_HD void operator()(std::int64_t i) const { out[i] = from_double<T>(start + step * static_cast<double>(i)); }
+};
+
+}  // namespace detail
+
+/// A row-major, contiguous n-d array of T on device D (tg::Cpu or tg::Cuda).
+/// Copies are cheap and share storage; ops return new tensors and never change their inputs.
+template <Element T, Device D = Cpu>
+class Tensor {
+ public:
+  using value_type = T;
+  using device_type = D;
+
+  /// An undefined tensor (no storage); most operations on it are errors.
+  Tensor() = default;
+
+  /// An uninitialised tensor of `shape` (prefer tg::empty / tg::zeros).
+  explicit Tensor(Shape shape)
+      : storage_(std::make_shared<Storage<D>>(static_cast<std::size_t>(shape.numel()) * sizeof(T))),
+        shape_(shape) {}
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  /// Number of elements.
+  std::int64_t size() const { return shape_.numel(); }
+  int rank() const { return shape_.rank(); }
+  /// Size of dimension `axis` (negative counts from the end).
+  std::int64_t dim(int axis) const { return shape_[axis]; }
+  std::size_t nbytes() const { return static_cast<std::size_t>(size()) * sizeof(T); }
+  static constexpr DType dtype() { return dtype_of<T>; }
+
+  /// Pointer to the first element, in D's memory.
+  T* data() const { return storage_ ? static_cast<T*>(storage_->data()) : nullptr; }
+
+  /// "cpu", or "cuda:<index> <device name>".
+  std::string device_name() const {
+    if constexpr (std::is_same_v<D, Cpu>) {
+      return "cpu";
+    } else {
+      const int index = storage_ ? storage_->device() : cuda::current_device();
+      return ::tg::detail::concat("cuda:", index, " ", cuda::device_info(index).name);
+    }
+  }
+
+  /// The same data seen with another shape of the same size; shares storage. One dimension may be -1.
+  Tensor reshape(std::initializer_list<std::int64_t> dims) const { return reshape(std::span(dims.begin(), dims.size())); }
+  Tensor reshape(std::span<const std::int64_t> dims) const {
+    std::vector<std::int64_t> d(dims.begin(), dims.end());
+    const auto n_inferred = std::count(d.begin(), d.end(), -1);
+    TG_CHECK(n_inferred <= 1, "reshape", "at most one dimension may be -1, got ", n_inferred);
+    if (n_inferred == 1) {
+      std::int64_t known = 1;
+      for (auto x : d)
+        if (x != -1) known *= x;
+      TG_CHECK(known != 0 && size() % known == 0, "reshape", "cannot infer -1: ", size(),
+               " elements do not divide into dimensions of size ", known, " (from ", shape_.str(), ")");
+      *std::find(d.begin(), d.end(), -1) = size() / known;
+    }
+    return reshape(Shape(std::span<const std::int64_t>(d)));
+  }
+  Tensor reshape(const Shape& shape) const {
+    TG_CHECK(shape.numel() == size(), "reshape", "cannot reshape ", shape_.str(), " (", size(), " elements) to ",
+             shape.str(), " (", shape.numel(), " elements)");
+    Tensor r = *this;
+    r.shape_ = shape;
+    return r;
+  }
+
+  /// A copy on device D2 (for D2 == D, a shared copy: tensors are never mutated in place).
+  template <Device D2>
+  Tensor<T, D2> to() const {
+    require_defined("to");
+    if constexpr (std::is_same_v<D, D2>) {
+      return *this;
+    } else {
+      Tensor<T, D2> r(shape_);
+      ::tg::detail::copy_bytes<D2, D>(r.data(), data(), nbytes());
+      return r;
+    }
+  }
+
+  /// The elements, in row-major order, copied to the host.
+  std::vector<T> to_vector() const {
+    require_defined("to_vector");
+    std::vector<T> v(static_cast<std::size_t>(size()));
+    ::tg::detail::copy_bytes<Cpu, D>(v.data(), data(), nbytes());
+    return v;
+  }
+
+  /// The single element of a one-element tensor, copied to the host.
+  T item() const {
+    require_defined("item");
+    TG_CHECK(size() == 1, "item", "needs a tensor with exactly one element, got shape ", shape_.str(), " (",
+             size(), " elements); index it with at({...}) or reduce it first");
+    T v;
+    ::tg::detail::copy_bytes<Cpu, D>(&v, data(), sizeof(T));
+    return v;
+  }
+
+  /// The element at a full index (each in [-dim, dim)), copied to the host.
+  T at(std::initializer_list<std::int64_t> index) const {
+    require_defined("at");
+    TG_CHECK(static_cast<int>(index.size()) == rank(), "at", "index has ", index.size(),
+             " components but the tensor has shape ", shape_.str());
+    std::int64_t offset = 0;
+    int axis = 0;
+    for (std::int64_t i : index) {
+      const std::int64_t n = shape_[axis];
+      TG_CHECK(i >= -n && i < n, "at", "index ", i, " is out of range for axis ", axis, " of size ", n,
+               " (shape ", shape_.str(), ")");
+      offset = offset * n + (i < 0 ? i + n : i);
+      ++axis;
+    }
+    T v;
+    ::tg::detail::copy_bytes<Cpu, D>(&v, data() + offset, sizeof(T));
+    return v;
+  }
+
+  /// Prints shape, dtype, device and up to the first 8 values.
+  friend std::ostream& operator<<(std::ostream& os, const Tensor& t) {
+    if (!t.defined()) return os << "Tensor(undefined)";
+    os << "Tensor(shape=" << t.shape_ << ", dtype=" << dtype_name<T> << ", device=" << t.device_name() << ") [";
+    constexpr std::int64_t shown = 8;
+    const std::int64_t n = std::min(t.size(), shown);
+    std::vector<T> head(static_cast<std::size_t>(n));
+    ::tg::detail::copy_bytes<Cpu, D>(head.data(), t.data(), static_cast<std::size_t>(n) * sizeof(T));
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (i) os << ", ";
+      if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, bf16>) os << +static_cast<float>(head[i]);
+      else os << head[i];
+    }
+    if (t.size() > shown) os << ", ... (" << t.size() << " total)";
+    return os << "]";
+  }
+
+ private:
+  void require_defined(const char* op) const {
+    TG_CHECK(defined(), op, "the tensor is undefined (default-constructed); create it with tg::zeros, "
+                            "tg::from_vector or an op");
+  }
+
+  std::shared_ptr<Storage<D>> storage_;
+  Shape shape_;
+};
+
+/// An uninitialised tensor.
+template <Element T, Device D = Cpu>
+Tensor<T, D> empty(const Shape& shape) {
+  return Tensor<T, D>(shape);
+}
+
+/// A tensor filled with `value`.
+template <Element T, Device D = Cpu>
+Tensor<T, D> full(const Shape& shape, T value) {
+  Tensor<T, D> t(shape);
+  detail::index_map<D>(t.size(), detail::FillFn<T>{t.data(), value});
+  return t;
+}
+
+template <Element T, Device D = Cpu>
+Tensor<T, D> zeros(const Shape& shape) {
+  return full<T, D>(shape, detail::from_double<T>(0.0));
+}
+
+template <Element T, Device D = Cpu>
+Tensor<T, D> ones(const Shape& shape) {
+  return full<T, D>(shape, detail::from_double<T>(1.0));
+}
+
+/// [start, start + step, ...) up to but excluding `stop`, as NumPy's arange.
+template <Element T, Device D = Cpu>
+Tensor<T, D> arange(double start, double stop, double step = 1.0) {
+  TG_CHECK(step != 0.0, "arange", "step must be non-zero");
+  const double n = (stop - start) / step;
+  TG_CHECK(n < 9.0e15, "arange", "too many elements: (", stop, " - ", start, ") / ", step);
+  const auto count = n > 0 ? static_cast<std::int64_t>(std::ceil(n)) : std::int64_t{0};
+  Tensor<T, D> t(Shape{count});
+  detail::index_map<D>(count, detail::ArangeFn<T>{t.data(), start, step});
+  return t;
+}
+
+/// 0, 1, ..., n - 1.
+template <Element T, Device D = Cpu>
+Tensor<T, D> arange(std::int64_t n) {
+  TG_CHECK(n >= 0, "arange", "n must be >= 0, got ", n);
+  return arange<T, D>(0.0, static_cast<double>(n));
+}
+
+/// A tensor of `shape` holding a copy of `values` (row-major); the counts must agree.
+template <Device D = Cpu, Element T>
+Tensor<T, D> from_span(std::span<const T> values, const Shape& shape) {
+  TG_CHECK(static_cast<std::int64_t>(values.size()) == shape.numel(), "from_vector", "got ", values.size(),
+           " values for shape ", shape.str(), ", which holds ", shape.numel());
+  Tensor<T, D> t(shape);
+  detail::copy_bytes<D, Cpu>(t.data(), values.data(), t.nbytes());
+  return t;
+}
+
+template <Device D = Cpu, Element T>
+Tensor<T, D> from_vector(const std::vector<T>& values, const Shape& shape) {
+  return from_span<D>(std::span<const T>(values), shape);
+}
+
+/// A 1-d tensor holding `values`.
+template <Device D = Cpu, Element T>
+Tensor<T, D> from_vector(const std::vector<T>& values) {
+  return from_span<D>(std::span<const T>(values), Shape{static_cast<std::int64_t>(values.size())});
+}
+
+/// A copy of `t` on device D2, as jax.device_put.
+template <Device D2, Element T, Device D>
+Tensor<T, D2> device_put(const Tensor<T, D>& t) {
+  return t.template to<D2>();
+}
+
+}  // namespace tg

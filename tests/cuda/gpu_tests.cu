@@ -1,0 +1,4 @@
+// The device-generic tests built by nvcc with every tensor on the GPU (TG_TEST_CUDA); the binary
+// reports skipped (exit 77) on a machine without one.
+#include "../test_tensor.cpp"
+#include "../test_random.cpp"

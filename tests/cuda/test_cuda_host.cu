@@ -1,0 +1,78 @@
+// CUDA-build tests that need no GPU: tg::bf16 against CUDA's own __float2bfloat16, and the answers a
+// machine without a GPU or driver must give. Built by nvcc; runs everywhere.
+#include "../test_common.hpp"
+
+#include <cuda_bf16.h>
+
+#include <random>
+
+using Catch::Matchers::Contains;
+
+TEST_CASE("tg::bf16 is bit-identical to __float2bfloat16", "[bf16][cuda]") {
+  auto cuda_bits = [](float f) {
+    const __nv_bfloat16 b = __float2bfloat16(f);
+    __nv_bfloat16_raw raw = b;
+    return raw.x;
+  };
+  // Every bf16 value and the floats around its rounding midpoints, then a large random sample.
+  for (std::uint32_t b = 0; b <= 0xffff; ++b)
+    for (std::uint32_t low : {0x0000u, 0x0001u, 0x7fffu, 0x8000u, 0x8001u, 0xffffu}) {
+      const float f = float_of((b << 16) | low);
+      if (tg::bf16(f).bits != cuda_bits(f)) FAIL("float bits " << std::hex << ((b << 16) | low));
+    }
+  std::mt19937 gen(42);
+  constexpr int n_samples = 1 << 26;
+  int mismatches = 0;
+  for (int i = 0; i < n_samples; ++i) {
+    const float f = float_of(static_cast<std::uint32_t>(gen()));
+    mismatches += tg::bf16(f).bits != cuda_bits(f);
+  }
+  INFO(n_samples << " random floats");
+  CHECK(mismatches == 0);
+  // And back: bf16 -> float agrees with __bfloat162float for every pattern.
+  for (std::uint32_t b = 0; b <= 0xffff; ++b) {
+    __nv_bfloat16_raw raw;
+    raw.x = static_cast<unsigned short>(b);
+    const float want = __bfloat162float(__nv_bfloat16(raw));
+    const float have = tg::bf16::from_bits(static_cast<std::uint16_t>(b));
+    if (bits_of(want) != bits_of(have)) FAIL("bf16 bits " << std::hex << b);
+  }
+}
+
+TEST_CASE("without a GPU, CUDA answers none and CUDA work is a clear error", "[device][cuda]") {
+  CHECK(tg::built_with_cuda);
+  if (tg::cuda::available()) {
+    WARN("a GPU is present: the no-device answers are not exercised here (" << tg::cuda::describe_devices() << ")");
+    CHECK(tg::cuda::device_info(0).total_memory > 0);
+    return;
+  }
+  CHECK(tg::cuda::device_count() == 0);
+  CHECK(tg::cuda::current_device() == -1);
+  CHECK(tg::cuda::describe_devices() == "none");
+  CHECK(cudaGetLastError() == cudaSuccess);  // the failed probe left no error behind
+  CHECK_THROWS_WITH(tg::cuda::device_info(0), Contains("[cuda::device_info] no CUDA device"));
+  CHECK_THROWS_WITH(tg::cuda::stream(), Contains("no CUDA device"));
+  CHECK_THROWS_WITH((tg::zeros<float, tg::Cuda>({4})), Contains("[cuda::allocate] no CUDA device"));
+  CHECK_THROWS_WITH(tg::device_put<tg::Cuda>(tg::arange<float>(4)), Contains("no CUDA device"));
+  CHECK_THROWS_WITH((tg::random::normal<float, tg::Cuda>(tg::random::key(1), {8})), Contains("no CUDA device"));
+  // The CPU side of a CUDA build is unaffected.
+  CHECK(tg::random::normal<float>(tg::random::key(1), {2}).to_vector().size() == 2);
+}
+
+TEST_CASE("CUDA and cuBLAS failures carry file:line, the call and the library's message", "[errors][cuda]") {
+  try {
+    TG_CUDA_CHECK(cudaErrorInvalidValue);
+    FAIL("no throw");
+  } catch (const tg::Error& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Contains("test_cuda_host.cu:") && Contains("cudaErrorInvalidValue") &&
+                         Contains("failed: cudaErrorInvalidValue (invalid argument)"));
+  }
+  CHECK_THROWS_WITH(TG_CUBLAS_CHECK(CUBLAS_STATUS_NOT_INITIALIZED),
+                    Contains("[cublas]") && Contains("CUBLAS_STATUS_NOT_INITIALIZED"));
+  if (!tg::cuda::available()) {
+    cublasLtHandle_t handle = nullptr;
+    // No driver: cuBLASLt cannot start, and the check says so instead of crashing.
+    CHECK_THROWS_WITH(TG_CUBLAS_CHECK(cublasLtCreate(&handle)), Contains("cublasLtCreate(&handle) failed"));
+  }
+}
