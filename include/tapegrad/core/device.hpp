@@ -47,8 +47,9 @@ struct DeviceInfo {
 inline int device_count() {
 #if defined(TG_WITH_CUDA)
   int n = 0;
-  // Without a driver this returns cudaErrorInsufficientDriver (or NoDevice) and leaves n untouched:
-  // report none and clear the sticky-looking last error so later checks do not trip over it.
+  // Without a driver this returns cudaErrorInsufficientDriver (or NoDevice) and leaves n at 0: report
+  // none and clear the last error. (The runtime keeps reporting an initialisation failure anyway, so
+  // everything else checks for a device before it launches and reads cudaGetLastError.)
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
