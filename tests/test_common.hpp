@@ -9,6 +9,10 @@
 #include <cstring>
 #include <string>
 
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
 #if defined(TG_TEST_CUDA)
 using TestDevice = tg::Cuda;
 #else

@@ -11,3 +11,8 @@
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/random/random.hpp"
 #include "tapegrad/random/threefry.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/functors.hpp"
+#include "tapegrad/ops/matmul.hpp"
+#include "tapegrad/ops/nn.hpp"
+#include "tapegrad/ops/reduce.hpp"

@@ -2,3 +2,4 @@
 // reports skipped (exit 77) on a machine without one.
 #include "../test_tensor.cpp"
 #include "../test_random.cpp"
+#include "../test_ops.cpp"

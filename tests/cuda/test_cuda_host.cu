@@ -79,3 +79,41 @@ TEST_CASE("CUDA and cuBLAS failures carry file:line, the call and the library's 
     }(), Contains("cublasLtCreate(&handle) failed"));
   }
 }
+
+TEST_CASE("cuBLASLt descriptors for every epilogue are set up without a GPU", "[matmul][cuda]") {
+  using tg::cuda::Epilogue;
+  // The row-major problem (512, 784) @ (784, 256) as cuBLASLt sees it: D^T (256 x 512) = W^T X^T.
+  const tg::detail::GemmDims dims{512, 256, 784};
+  for (Epilogue e : {Epilogue::none, Epilogue::bias, Epilogue::relu_bias, Epilogue::gelu_aux_bias,
+                     Epilogue::dgelu_bgrad, Epilogue::bgrada, Epilogue::bgradb}) {
+    const tg::cuda::LtGemm g = tg::detail::lt_problem<float>(dims, false, false, e);
+    CHECK(g.m == 256);
+    CHECK(g.n == 512);
+    CHECK(g.k == 784);
+    CHECK(g.lda == 256);  // W (784, 256) row-major is a 256 x 784 column-major matrix
+    CHECK(g.ldb == 784);  // X (512, 784) row-major is 784 x 512 column-major
+    const tg::cuda::LtPlan plan(g);
+    CHECK(plan.desc.get<cublasLtEpilogue_t>(CUBLASLT_MATMUL_DESC_EPILOGUE) == tg::cuda::lt_epilogue(e));
+    CHECK(plan.desc.get<cublasOperation_t>(CUBLASLT_MATMUL_DESC_TRANSA) == CUBLAS_OP_N);
+    CHECK(plan.desc.get<cublasComputeType_t>(CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) == CUBLAS_COMPUTE_32F);
+    if (tg::cuda::uses_aux(e)) CHECK(plan.desc.get<std::int64_t>(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD) == 256);
+    CHECK(plan.a.attribute<std::uint64_t>(CUBLASLT_MATRIX_LAYOUT_ROWS) == 256);
+    CHECK(plan.a.attribute<std::uint64_t>(CUBLASLT_MATRIX_LAYOUT_COLS) == 784);
+    CHECK(plan.b.attribute<std::uint64_t>(CUBLASLT_MATRIX_LAYOUT_ROWS) == 784);
+    CHECK(plan.d.attribute<std::uint64_t>(CUBLASLT_MATRIX_LAYOUT_COLS) == 512);
+  }
+  // Transposed operands (the weight gradient x^T dz) and the other dtypes.
+  const tg::cuda::LtGemm wg = tg::detail::lt_problem<tg::bf16>({784, 256, 512}, true, false, Epilogue::bgrada);
+  CHECK(wg.trans_b);
+  CHECK(wg.ldb == 784);
+  const tg::cuda::LtPlan bf(wg);
+  CHECK(bf.desc.get<cublasOperation_t>(CUBLASLT_MATMUL_DESC_TRANSB) == CUBLAS_OP_T);
+  CHECK(bf.b.attribute<std::uint64_t>(CUBLASLT_MATRIX_LAYOUT_ROWS) == 784);  // stored x: 784 x 512 column-major
+  CHECK(bf.a.attribute<cudaDataType_t>(CUBLASLT_MATRIX_LAYOUT_TYPE) == CUDA_R_16BF);
+  CHECK(bf.desc.get<cublasComputeType_t>(CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) == CUBLAS_COMPUTE_32F);
+  const tg::cuda::LtPlan f64(tg::detail::lt_problem<double>(dims, false, true, Epilogue::none));
+  CHECK(f64.desc.get<cublasComputeType_t>(CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) == CUBLAS_COMPUTE_64F);
+  tg::set_allow_tf32(true);
+  CHECK(tg::detail::lt_problem<float>(dims, false, false, Epilogue::none).type == tg::cuda::LtType::tf32);
+  tg::set_allow_tf32(false);
+}

@@ -142,6 +142,10 @@ class Tensor {
     }
   }
 
+  /// The elements converted to U, as x.astype(U) (defined with the elementwise ops, ops/elementwise.hpp).
+  template <Element U>
+  Tensor<U, D> cast() const;
+
   /// The elements, in row-major order, copied to the host.
   std::vector<T> to_vector() const {
     require_defined("to_vector");

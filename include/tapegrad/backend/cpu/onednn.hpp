@@ -1,0 +1,193 @@
+// CPU GEMM through oneDNN's matmul primitive: f32 (and bf16 inputs with f32 accumulation where the CPU
+// has bf16 kernels), bias and activation fused as post-ops, primitives cached per shape, dtype and post-op.
+// Written against oneDNN's C API: nvcc 13 cannot parse dnnl.hpp in C++20 mode, and these headers are
+// included by .cu files too.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "tapegrad/core/error.hpp"
+
+namespace tg {
+
+/// The activation fused into linear(): none, relu, gelu (tanh approximation) or gelu_exact (erf).
+enum class Activation { none, relu, gelu, gelu_exact };
+
+inline const char* name_of(Activation a) {
+  switch (a) {
+    case Activation::none: return "none";
+    case Activation::relu: return "relu";
+    case Activation::gelu: return "gelu";
+    case Activation::gelu_exact: return "gelu_exact";
+  }
+  return "unknown";
+}
+
+namespace cpu {
+
+namespace detail {
+
+[[noreturn]] inline void throw_dnnl(dnnl_status_t st, const char* call, const char* file, int line) {
+  throw Error(::tg::detail::concat("[onednn] ", file, ":", line, ": ", call, " failed: ", dnnl_status2str(st)));
+}
+
+}  // namespace detail
+
+#define TG_DNNL_CHECK(call)                                                                  \
+  do {                                                                                       \
+    const dnnl_status_t tg_st_ = (call);                                                     \
+    if (tg_st_ != dnnl_success) ::tg::cpu::detail::throw_dnnl(tg_st_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+/// Element type of a GEMM operand.
+enum class GemmType { f32, bf16 };
+
+/// One row-major GEMM: C(m, n) = op(A) op(B) [+ bias(n)] [then activation]; A is (m, k), or stored
+/// (k, m) when trans_a; B is (k, n), or stored (n, k) when trans_b. C has the inputs' type.
+struct GemmShape {
+  std::int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  GemmType type = GemmType::f32;
+  bool bias = false;
+  Activation activation = Activation::none;
+
+  auto key() const { return std::tuple(m, n, k, trans_a, trans_b, type, bias, activation); }
+  friend bool operator<(const GemmShape& a, const GemmShape& b) { return a.key() < b.key(); }
+};
+
+/// The process-wide oneDNN engine, stream and primitive cache.
+class OneDnn {
+ public:
+  static OneDnn& instance() {
+    static OneDnn self;
+    return self;
+  }
+
+  /// True when oneDNN has a bf16 matmul on this CPU (AVX-512 BF16 / AMX, or avx512_core emulation).
+  bool bf16_supported() {
+    std::lock_guard lock(mutex_);
+    if (bf16_known_) return bf16_;
+    Primitive probe;
+    bf16_ = make(GemmShape{8, 8, 8, false, false, GemmType::bf16, false, Activation::none}, probe) == dnnl_success;
+    bf16_known_ = true;
+    return bf16_;
+  }
+
+  /// Runs the GEMM on raw row-major buffers (bias f32, length n). Blocks until done.
+  void gemm(const GemmShape& s, const void* a, const void* b, const float* bias, void* c) {
+    // One stream for the process: calls from several threads take turns.
+    std::lock_guard lock(mutex_);
+    auto it = cache_.find(s);
+    if (it == cache_.end()) {
+      Primitive p;
+      const dnnl_status_t st = make(s, p);
+      TG_CHECK(st == dnnl_success, "matmul", "oneDNN has no matmul for (", s.m, ", ", s.k, ") @ (", s.k, ", ", s.n, ") in ",
+               s.type == GemmType::bf16 ? "bf16" : "f32", ": ", dnnl_status2str(st));
+      it = cache_.emplace(s, std::move(p)).first;
+    }
+    Primitive& p = it->second;
+    TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.a.get(), const_cast<void*>(a)));
+    TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.b.get(), const_cast<void*>(b)));
+    TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.c.get(), c));
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, p.a.get()}, {DNNL_ARG_WEIGHTS, p.b.get()}, {DNNL_ARG_DST, p.c.get()}, {}};
+    int n_args = 3;
+    if (s.bias) {
+      TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.bias.get(), const_cast<float*>(bias)));
+      args[n_args++] = {DNNL_ARG_BIAS, p.bias.get()};
+    }
+    TG_DNNL_CHECK(dnnl_primitive_execute(p.primitive.get(), stream_.get(), n_args, args));
+    TG_DNNL_CHECK(dnnl_stream_wait(stream_.get()));
+  }
+
+ private:
+  template <class H, dnnl_status_t (*Destroy)(H)>
+  struct Deleter {
+    void operator()(H h) const { (void)Destroy(h); }
+  };
+  using EnginePtr = std::unique_ptr<dnnl_engine, Deleter<dnnl_engine_t, dnnl_engine_destroy>>;
+  using StreamPtr = std::unique_ptr<dnnl_stream, Deleter<dnnl_stream_t, dnnl_stream_destroy>>;
+  using PrimitivePtr = std::unique_ptr<dnnl_primitive, Deleter<dnnl_primitive_t, dnnl_primitive_destroy>>;
+  using MemoryPtr = std::unique_ptr<dnnl_memory, Deleter<dnnl_memory_t, dnnl_memory_destroy>>;
+  using PdPtr = std::unique_ptr<dnnl_primitive_desc, Deleter<dnnl_primitive_desc_t, dnnl_primitive_desc_destroy>>;
+  using AttrPtr = std::unique_ptr<dnnl_primitive_attr, Deleter<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy>>;
+  using PostOpsPtr = std::unique_ptr<dnnl_post_ops, Deleter<dnnl_post_ops_t, dnnl_post_ops_destroy>>;
+
+  /// A cached primitive with memory objects whose data handles are swapped in per call.
+  struct Primitive {
+    PrimitivePtr primitive;
+    MemoryPtr a, b, c, bias;
+  };
+
+  OneDnn() {
+    dnnl_engine_t e = nullptr;
+    TG_DNNL_CHECK(dnnl_engine_create(&e, dnnl_cpu, 0));
+    engine_.reset(e);
+    dnnl_stream_t s = nullptr;
+    TG_DNNL_CHECK(dnnl_stream_create(&s, engine_.get(), dnnl_stream_default_flags));
+    stream_.reset(s);
+  }
+
+  /// Builds the primitive for `s`; returns oneDNN's status (dnnl_unimplemented where the CPU lacks it).
+  dnnl_status_t make(const GemmShape& s, Primitive& out) {
+    const dnnl_data_type_t dt = s.type == GemmType::bf16 ? dnnl_bf16 : dnnl_f32;
+    // Row-major (m, k); a transposed operand is the same bytes read with swapped strides.
+    const dnnl_dims_t a_dims = {s.m, s.k}, b_dims = {s.k, s.n}, c_dims = {s.m, s.n}, bias_dims = {1, s.n};
+    const dnnl_dims_t a_strides = {s.trans_a ? 1 : s.k, s.trans_a ? s.m : 1};
+    const dnnl_dims_t b_strides = {s.trans_b ? 1 : s.n, s.trans_b ? s.k : 1};
+    const dnnl_dims_t c_strides = {s.n, 1}, bias_strides = {s.n, 1};
+    dnnl_memory_desc_t a_md, b_md, c_md, bias_md;
+    TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dt, a_strides));
+    TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dt, b_strides));
+    TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dt, c_strides));
+    TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&bias_md, 2, bias_dims, dnnl_f32, bias_strides));
+    dnnl_matmul_desc_t desc;
+    TG_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &a_md, &b_md, s.bias ? &bias_md : nullptr, &c_md));
+
+    dnnl_primitive_attr_t attr_raw = nullptr;
+    TG_DNNL_CHECK(dnnl_primitive_attr_create(&attr_raw));
+    AttrPtr attr(attr_raw);
+    if (s.activation != Activation::none) {
+      dnnl_post_ops_t po_raw = nullptr;
+      TG_DNNL_CHECK(dnnl_post_ops_create(&po_raw));
+      PostOpsPtr po(po_raw);
+      const dnnl_alg_kind_t alg = s.activation == Activation::relu ? dnnl_eltwise_relu
+                                  : s.activation == Activation::gelu ? dnnl_eltwise_gelu_tanh
+                                                                     : dnnl_eltwise_gelu_erf;
+      TG_DNNL_CHECK(dnnl_post_ops_append_eltwise(po.get(), 1.0f, alg, 0.0f, 0.0f));
+      TG_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr.get(), po.get()));
+    }
+    dnnl_primitive_desc_t pd_raw = nullptr;
+    const dnnl_status_t st = dnnl_primitive_desc_create(&pd_raw, &desc, attr.get(), engine_.get(), nullptr);
+    if (st != dnnl_success) return st;
+    PdPtr pd(pd_raw);
+    dnnl_primitive_t prim = nullptr;
+    TG_DNNL_CHECK(dnnl_primitive_create(&prim, pd.get()));
+    out.primitive.reset(prim);
+    auto memory = [&](const dnnl_memory_desc_t& md) {
+      dnnl_memory_t m = nullptr;
+      TG_DNNL_CHECK(dnnl_memory_create(&m, &md, engine_.get(), DNNL_MEMORY_NONE));
+      return MemoryPtr(m);
+    };
+    out.a = memory(a_md);
+    out.b = memory(b_md);
+    out.c = memory(c_md);
+    if (s.bias) out.bias = memory(bias_md);
+    return dnnl_success;
+  }
+
+  EnginePtr engine_;
+  StreamPtr stream_;
+  std::mutex mutex_;
+  std::map<GemmShape, Primitive> cache_;
+  bool bf16_known_ = false, bf16_ = false;
+};
+
+}  // namespace cpu
+}  // namespace tg

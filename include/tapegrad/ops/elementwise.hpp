@@ -1,0 +1,263 @@
+// Elementwise ops with NumPy broadcasting: unary math, binary arithmetic, scalar overloads, comparisons,
+// where and cast. Each runs a functor from ops/functors.hpp through the device's index loop.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "tapegrad/core/tensor.hpp"
+#include "tapegrad/ops/functors.hpp"
+
+namespace tg {
+
+namespace detail {
+
+template <class T, class C>
+TG_HD T convert_to(C v) {
+  if constexpr (std::is_same_v<T, bf16>) return bf16(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
+template <class C, class T>
+TG_HD C convert_from(T v) {
+  if constexpr (std::is_same_v<T, bf16>) return static_cast<C>(static_cast<float>(v));
+  else return static_cast<C>(v);
+}
+
+template <Element T, Device D>
+void check_defined(const Tensor<T, D>& t, const char* op) {
+  TG_CHECK(t.defined(), op, "an input tensor is undefined (default-constructed)");
+}
+
+/// The NumPy broadcast of two shapes, or an error naming the op and both shapes.
+inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const int rank = std::max(a.rank(), b.rank());
+  std::int64_t dims[Shape::max_rank];
+  for (int i = 0; i < rank; ++i) {
+    const int ia = a.rank() - rank + i, ib = b.rank() - rank + i;
+    const std::int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    TG_CHECK(da == db || da == 1 || db == 1, op, "shapes ", a.str(), " and ", b.str(),
+             " cannot be broadcast together (axis ", i, " of the result: ", da, " vs ", db,
+             "); dimensions must be equal or 1");
+    dims[i] = da == 1 ? db : da;
+  }
+  return Shape(std::span<const std::int64_t>(dims, static_cast<std::size_t>(rank)));
+}
+
+/// Maps an index of the broadcast result to the offsets of N inputs (stride 0 along broadcast axes).
+template <int N>
+struct BroadcastIndex {
+  int rank = 0;
+  std::int64_t dims[Shape::max_rank] = {};
+  std::int64_t strides[N][Shape::max_rank] = {};
+  bool trivial[N] = {};  // input has the result's shape: offset == index
+
+  BroadcastIndex(const Shape& out, const Shape* in[N]) : rank(out.rank()) {
+    for (int d = 0; d < rank; ++d) dims[d] = out[d];
+    for (int k = 0; k < N; ++k) {
+      trivial[k] = *in[k] == out;
+      std::int64_t stride = 1;
+      for (int d = rank - 1; d >= 0; --d) {
+        const int di = in[k]->rank() - rank + d;
+        const std::int64_t n = di >= 0 ? (*in[k])[di] : 1;
+        strides[k][d] = n == 1 ? 0 : stride;
+        stride *= n;
+      }
+    }
+  }
+
+  TG_HD std::int64_t offset(int k, std::int64_t i) const {
+    if (trivial[k]) return i;
+    std::int64_t off = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      const std::int64_t c = i % dims[d];
+      i /= dims[d];
+      off += c * strides[k][d];
+    }
+    return off;
+  }
+};
+
+template <class Op, class TIn, class TOut>
+struct UnaryFn {
+  const TIn* x;
+  TOut* y;
+  Op op;
+  TG_HD void operator()(std::int64_t i) const {
+    y[i] = convert_to<TOut>(op(convert_from<compute_t<TIn>>(x[i])));
+  }
+};
+
+/// op(x, s) or op(s, x) with a scalar s, computed in x's compute type.
+template <class Op, bool ScalarOnLeft>
+struct WithScalar {
+  Op op;
+  double s;
+  template <class C> TG_HD auto operator()(C x) const {
+    if constexpr (ScalarOnLeft) return op(C(s), x);
+    else return op(x, C(s));
+  }
+};
+
+template <class Op, class TIn, class TOut>
+struct BinaryFn {
+  const TIn* a;
+  const TIn* b;
+  TOut* y;
+  Op op;
+  BroadcastIndex<2> index;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<TIn>;
+    y[i] = convert_to<TOut>(op(convert_from<C>(a[index.offset(0, i)]), convert_from<C>(b[index.offset(1, i)])));
+  }
+};
+
+template <class T>
+struct SelectFn {
+  const std::uint8_t* cond;
+  const T* a;
+  const T* b;
+  T* y;
+  BroadcastIndex<3> index;
+  TG_HD void operator()(std::int64_t i) const {
+    y[i] = cond[index.offset(0, i)] ? a[index.offset(1, i)] : b[index.offset(2, i)];
+  }
+};
+
+}  // namespace detail
+
+/// y = op(x) elementwise, for an op functor of ops/functors.hpp. Output type: the input's.
+template <class Op, Element T, Device D>
+Tensor<T, D> map(const Tensor<T, D>& x, Op op = {}, const char* name = "map") {
+  detail::check_defined(x, name);
+  Tensor<T, D> y(x.shape());
+  detail::index_map<D>(x.size(), detail::UnaryFn<Op, T, T>{x.data(), y.data(), op});
+  return y;
+}
+
+/// y = op(a, b) with NumPy broadcasting; Out is the result element type (uint8 for comparisons).
+template <class Op, class Out = void, Element T, Device D>
+auto map2(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op = {}, const char* name = "map2") {
+  using R = std::conditional_t<std::is_void_v<Out>, T, Out>;
+  detail::check_defined(a, name);
+  detail::check_defined(b, name);
+  const Shape out = detail::broadcast_shapes(a.shape(), b.shape(), name);
+  const Shape* in[2] = {&a.shape(), &b.shape()};
+  Tensor<R, D> y(out);
+  detail::index_map<D>(y.size(), detail::BinaryFn<Op, T, R>{a.data(), b.data(), y.data(), op, detail::BroadcastIndex<2>(out, in)});
+  return y;
+}
+
+#define TG_UNARY_OP(name, Functor)                                                   \
+  template <FloatElement T, Device D>                                                \
+  Tensor<T, D> name(const Tensor<T, D>& x) { return map(x, fn::Functor{}, #name); }
+
+TG_UNARY_OP(exp, Exp)
+TG_UNARY_OP(log, Log)
+TG_UNARY_OP(tanh, Tanh)
+TG_UNARY_OP(sigmoid, Sigmoid)
+TG_UNARY_OP(relu, Relu)
+TG_UNARY_OP(gelu, Gelu)
+TG_UNARY_OP(gelu_exact, GeluExact)
+TG_UNARY_OP(square, Square)
+TG_UNARY_OP(sqrt, Sqrt)
+TG_UNARY_OP(rsqrt, Rsqrt)
+TG_UNARY_OP(abs, Abs)
+TG_UNARY_OP(neg, Neg)
+#undef TG_UNARY_OP
+
+/// x^p for a scalar exponent.
+template <FloatElement T, Device D>
+Tensor<T, D> pow(const Tensor<T, D>& x, double p) { return map(x, fn::PowScalar{p}, "pow"); }
+
+#define TG_BINARY_OP(name, Functor, Constraint)                                                        \
+  template <Constraint T, Device D>                                                                    \
+  Tensor<T, D> name(const Tensor<T, D>& a, const Tensor<T, D>& b) { return map2(a, b, fn::Functor{}, #name); } \
+  template <Constraint T, Device D, class S>                                                           \
+    requires std::is_arithmetic_v<S>                                                                   \
+  Tensor<T, D> name(const Tensor<T, D>& a, S s) {                                                      \
+    return map(a, detail::WithScalar<fn::Functor, false>{{}, static_cast<double>(s)}, #name);          \
+  }                                                                                                    \
+  template <Constraint T, Device D, class S>                                                           \
+    requires std::is_arithmetic_v<S>                                                                   \
+  Tensor<T, D> name(S s, const Tensor<T, D>& b) {                                                      \
+    return map(b, detail::WithScalar<fn::Functor, true>{{}, static_cast<double>(s)}, #name);           \
+  }
+
+TG_BINARY_OP(add, Add, Element)
+TG_BINARY_OP(sub, Sub, Element)
+TG_BINARY_OP(mul, Mul, Element)
+TG_BINARY_OP(div, Div, FloatElement)
+TG_BINARY_OP(maximum, Maximum, Element)
+TG_BINARY_OP(minimum, Minimum, Element)
+#undef TG_BINARY_OP
+
+template <Element T, Device D> Tensor<T, D> operator+(const Tensor<T, D>& a, const Tensor<T, D>& b) { return add(a, b); }
+template <Element T, Device D> Tensor<T, D> operator-(const Tensor<T, D>& a, const Tensor<T, D>& b) { return sub(a, b); }
+template <Element T, Device D> Tensor<T, D> operator*(const Tensor<T, D>& a, const Tensor<T, D>& b) { return mul(a, b); }
+template <FloatElement T, Device D> Tensor<T, D> operator/(const Tensor<T, D>& a, const Tensor<T, D>& b) { return div(a, b); }
+template <FloatElement T, Device D> Tensor<T, D> operator-(const Tensor<T, D>& x) { return neg(x); }
+
+#define TG_SCALAR_OPERATOR(sym, name, Constraint)                                                  \
+  template <Constraint T, Device D, class S>                                                       \
+    requires std::is_arithmetic_v<S>                                                               \
+  Tensor<T, D> operator sym(const Tensor<T, D>& a, S s) { return name(a, s); }                     \
+  template <Constraint T, Device D, class S>                                                       \
+    requires std::is_arithmetic_v<S>                                                               \
+  Tensor<T, D> operator sym(S s, const Tensor<T, D>& b) { return name(s, b); }
+
+TG_SCALAR_OPERATOR(+, add, Element)
+TG_SCALAR_OPERATOR(-, sub, Element)
+TG_SCALAR_OPERATOR(*, mul, Element)
+TG_SCALAR_OPERATOR(/, div, FloatElement)
+#undef TG_SCALAR_OPERATOR
+
+#define TG_COMPARE_OP(name, Functor)                                                                  \
+  template <Element T, Device D>                                                                      \
+  Tensor<std::uint8_t, D> name(const Tensor<T, D>& a, const Tensor<T, D>& b) {                        \
+    return map2<fn::Functor, std::uint8_t>(a, b, fn::Functor{}, #name);                               \
+  }
+
+/// Comparisons give uint8 masks (1 where true): less(a, b) is a < b elementwise, with broadcasting.
+TG_COMPARE_OP(less, Less)
+TG_COMPARE_OP(less_equal, LessEqual)
+TG_COMPARE_OP(greater, Greater)
+TG_COMPARE_OP(greater_equal, GreaterEqual)
+TG_COMPARE_OP(equal, Equal)
+TG_COMPARE_OP(not_equal, NotEqual)
+#undef TG_COMPARE_OP
+
+/// a where cond is non-zero, else b; all three broadcast together.
+template <Element T, Device D>
+Tensor<T, D> where(const Tensor<std::uint8_t, D>& cond, const Tensor<T, D>& a, const Tensor<T, D>& b) {
+  detail::check_defined(cond, "where");
+  detail::check_defined(a, "where");
+  detail::check_defined(b, "where");
+  const Shape out = detail::broadcast_shapes(cond.shape(), detail::broadcast_shapes(a.shape(), b.shape(), "where"), "where");
+  const Shape* in[3] = {&cond.shape(), &a.shape(), &b.shape()};
+  Tensor<T, D> y(out);
+  detail::index_map<D>(y.size(), detail::SelectFn<T>{cond.data(), a.data(), b.data(), y.data(), detail::BroadcastIndex<3>(out, in)});
+  return y;
+}
+
+/// The elements converted to U (to bf16: round to nearest even). Casting to the same type shares storage.
+template <Element U, Element T, Device D>
+Tensor<U, D> cast(const Tensor<T, D>& x) {
+  if constexpr (std::is_same_v<U, T>) {
+    return x;
+  } else {
+    detail::check_defined(x, "cast");
+    Tensor<U, D> y(x.shape());
+    detail::index_map<D>(x.size(), detail::UnaryFn<fn::Cast<U>, T, U>{x.data(), y.data(), {}});
+    return y;
+  }
+}
+
+template <Element T, Device D>
+template <Element U>
+Tensor<U, D> Tensor<T, D>::cast() const {
+  return tg::cast<U>(*this);
+}
+
+}  // namespace tg

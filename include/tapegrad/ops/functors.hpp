@@ -1,0 +1,182 @@
+// The math of every elementwise op, written once: TG_HD functors with the forward and, beside it, the
+// derivative. The CPU loops and the CUDA kernels both call these, so the CPU tests cover the GPU's math.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "tapegrad/config.hpp"
+#include "tapegrad/core/bf16.hpp"
+
+namespace tg {
+
+/// The type arithmetic is done in: float for float and bf16 (bf16 is a storage format), double for double,
+/// and the type itself for integers.
+template <class T> struct compute_type { using type = T; };
+template <> struct compute_type<bf16> { using type = float; };
+template <class T> using compute_t = typename compute_type<T>::type;
+
+namespace math {
+// Overloads that resolve to the float or double library function on host and device alike.
+TG_HD inline float exp(float x) { return ::expf(x); }
+TG_HD inline double exp(double x) { return ::exp(x); }
+TG_HD inline float log(float x) { return ::logf(x); }
+TG_HD inline double log(double x) { return ::log(x); }
+TG_HD inline float tanh(float x) { return ::tanhf(x); }
+TG_HD inline double tanh(double x) { return ::tanh(x); }
+TG_HD inline float sqrt(float x) { return ::sqrtf(x); }
+TG_HD inline double sqrt(double x) { return ::sqrt(x); }
+TG_HD inline float erf(float x) { return ::erff(x); }
+TG_HD inline double erf(double x) { return ::erf(x); }
+TG_HD inline float abs(float x) { return ::fabsf(x); }
+TG_HD inline double abs(double x) { return ::fabs(x); }
+TG_HD inline float pow(float x, float p) { return ::powf(x, p); }
+TG_HD inline double pow(double x, double p) { return ::pow(x, p); }
+template <class C> TG_HD bool isnan(C x) { return x != x; }
+}  // namespace math
+
+namespace fn {
+
+// ---- unary: y = f(x); backward(x, y, dy) = dy * f'(x) ----
+
+struct Neg {
+  template <class C> TG_HD C operator()(C x) const { return -x; }
+  template <class C> TG_HD C backward(C, C, C dy) const { return -dy; }
+};
+struct Exp {
+  template <class C> TG_HD C operator()(C x) const { return math::exp(x); }
+  template <class C> TG_HD C backward(C, C y, C dy) const { return dy * y; }
+};
+struct Log {
+  template <class C> TG_HD C operator()(C x) const { return math::log(x); }
+  template <class C> TG_HD C backward(C x, C, C dy) const { return dy / x; }
+};
+struct Tanh {
+  template <class C> TG_HD C operator()(C x) const { return math::tanh(x); }
+  template <class C> TG_HD C backward(C, C y, C dy) const { return dy * (C(1) - y * y); }
+};
+struct Sigmoid {
+  // Written through exp(-|x|) so neither tail overflows.
+  template <class C> TG_HD C operator()(C x) const {
+    const C e = math::exp(-math::abs(x));
+    return x >= C(0) ? C(1) / (C(1) + e) : e / (C(1) + e);
+  }
+  template <class C> TG_HD C backward(C, C y, C dy) const { return dy * y * (C(1) - y); }
+};
+struct Relu {
+  template <class C> TG_HD C operator()(C x) const { return x > C(0) ? x : C(0); }
+  // The subgradient at 0 is 0, as jax.nn.relu.
+  template <class C> TG_HD C backward(C x, C, C dy) const { return x > C(0) ? dy : C(0); }
+};
+/// GELU, tanh approximation (jax.nn.gelu's default): x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+struct Gelu {
+  static constexpr double k0 = 0.7978845608028654;  // sqrt(2 / pi)
+  static constexpr double k1 = 0.044715;
+  template <class C> TG_HD C operator()(C x) const {
+    const C t = math::tanh(C(k0) * (x + C(k1) * x * x * x));
+    return C(0.5) * x * (C(1) + t);
+  }
+  template <class C> TG_HD C backward(C x, C, C dy) const {
+    const C t = math::tanh(C(k0) * (x + C(k1) * x * x * x));
+    const C dt = C(k0) * (C(1) + C(3 * k1) * x * x);
+    return dy * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * dt);
+  }
+};
+/// GELU, exact: x Phi(x) = x/2 (1 + erf(x / sqrt 2)) (jax.nn.gelu(approximate=False)).
+struct GeluExact {
+  template <class C> TG_HD C operator()(C x) const { return C(0.5) * x * (C(1) + math::erf(x * C(0.7071067811865476))); }
+  template <class C> TG_HD C backward(C x, C, C dy) const {
+    const C cdf = C(0.5) * (C(1) + math::erf(x * C(0.7071067811865476)));
+    const C pdf = C(0.3989422804014327) * math::exp(C(-0.5) * x * x);  // 1 / sqrt(2 pi)
+    return dy * (cdf + x * pdf);
+  }
+};
+struct Square {
+  template <class C> TG_HD C operator()(C x) const { return x * x; }
+  template <class C> TG_HD C backward(C x, C, C dy) const { return dy * C(2) * x; }
+};
+struct Sqrt {
+  template <class C> TG_HD C operator()(C x) const { return math::sqrt(x); }
+  template <class C> TG_HD C backward(C, C y, C dy) const { return dy / (C(2) * y); }
+};
+struct Rsqrt {
+  template <class C> TG_HD C operator()(C x) const { return C(1) / math::sqrt(x); }
+  template <class C> TG_HD C backward(C x, C y, C dy) const { return dy * C(-0.5) * y / x; }
+};
+struct Abs {
+  template <class C> TG_HD C operator()(C x) const { return math::abs(x); }
+  // sign(x), 0 at 0 (as JAX).
+  template <class C> TG_HD C backward(C x, C, C dy) const { return x > C(0) ? dy : (x < C(0) ? -dy : C(0)); }
+};
+/// x^p for a scalar exponent p.
+struct PowScalar {
+  double p;
+  template <class C> TG_HD C operator()(C x) const { return math::pow(x, C(p)); }
+  template <class C> TG_HD C backward(C x, C, C dy) const {
+    return p == 0.0 ? C(0) : dy * C(p) * math::pow(x, C(p - 1.0));
+  }
+};
+
+// ---- binary: y = f(a, b); backward_a / backward_b give dy * df/da, dy * df/db ----
+
+struct Add {
+  template <class C> TG_HD C operator()(C a, C b) const { return a + b; }
+  template <class C> TG_HD C backward_a(C, C, C, C dy) const { return dy; }
+  template <class C> TG_HD C backward_b(C, C, C, C dy) const { return dy; }
+};
+struct Sub {
+  template <class C> TG_HD C operator()(C a, C b) const { return a - b; }
+  template <class C> TG_HD C backward_a(C, C, C, C dy) const { return dy; }
+  template <class C> TG_HD C backward_b(C, C, C, C dy) const { return -dy; }
+};
+struct Mul {
+  template <class C> TG_HD C operator()(C a, C b) const { return a * b; }
+  template <class C> TG_HD C backward_a(C, C b, C, C dy) const { return dy * b; }
+  template <class C> TG_HD C backward_b(C a, C, C, C dy) const { return dy * a; }
+};
+struct Div {
+  template <class C> TG_HD C operator()(C a, C b) const { return a / b; }
+  template <class C> TG_HD C backward_a(C, C b, C, C dy) const { return dy / b; }
+  template <class C> TG_HD C backward_b(C, C b, C y, C dy) const { return -dy * y / b; }
+};
+/// max(a, b); NaN propagates. At a tie the gradient is split evenly, as JAX does.
+struct Maximum {
+  template <class C> TG_HD C operator()(C a, C b) const { return (a > b || math::isnan(a)) ? a : b; }
+  template <class C> TG_HD C backward_a(C a, C b, C, C dy) const { return a > b ? dy : (a == b ? dy / C(2) : C(0)); }
+  template <class C> TG_HD C backward_b(C a, C b, C, C dy) const { return b > a ? dy : (a == b ? dy / C(2) : C(0)); }
+};
+struct Minimum {
+  template <class C> TG_HD C operator()(C a, C b) const { return (a < b || math::isnan(a)) ? a : b; }
+  template <class C> TG_HD C backward_a(C a, C b, C, C dy) const { return a < b ? dy : (a == b ? dy / C(2) : C(0)); }
+  template <class C> TG_HD C backward_b(C a, C b, C, C dy) const { return b < a ? dy : (a == b ? dy / C(2) : C(0)); }
+};
+
+// ---- comparisons: uint8 results (1 true, 0 false); piecewise constant, so their derivative is 0 ----
+
+struct Less { template <class C> TG_HD std::uint8_t operator()(C a, C b) const { return a < b; } };
+struct LessEqual { template <class C> TG_HD std::uint8_t operator()(C a, C b) const { return a <= b; } };
+struct Greater { template <class C> TG_HD std::uint8_t operator()(C a, C b) const { return a > b; } };
+struct GreaterEqual { template <class C> TG_HD std::uint8_t operator()(C a, C b) const { return a >= b; } };
+struct Equal { template <class C> TG_HD std::uint8_t operator()(C a, C b) const { return a == b; } };
+struct NotEqual { template <class C> TG_HD std::uint8_t operator()(C a, C b) const { return a != b; } };
+
+/// where(cond, a, b): a where cond is non-zero, else b. The cotangent goes to the chosen side.
+struct Select {
+  template <class C> TG_HD C operator()(std::uint8_t cond, C a, C b) const { return cond ? a : b; }
+  template <class C> TG_HD C backward_a(std::uint8_t cond, C dy) const { return cond ? dy : C(0); }
+  template <class C> TG_HD C backward_b(std::uint8_t cond, C dy) const { return cond ? C(0) : dy; }
+};
+
+/// Conversion between element types (bf16 rounds to nearest even); the cotangent converts back.
+template <class To>
+struct Cast {
+  template <class From> TG_HD To operator()(From x) const {
+    if constexpr (std::is_same_v<To, bf16>) return bf16(static_cast<float>(x));
+    else if constexpr (std::is_same_v<From, bf16>) return static_cast<To>(static_cast<float>(x));
+    else return static_cast<To>(x);
+  }
+};
+
+}  // namespace fn
+}  // namespace tg

@@ -1,0 +1,281 @@
+// matmul and the fused layer linear(x, w, b, activation) on both backends (oneDNN on the CPU, cuBLASLt
+// on CUDA), and the two fused backward GEMMs a training step needs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+#include "tapegrad/backend/cpu/onednn.hpp"
+#include "tapegrad/backend/cuda/blaslt.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/reduce.hpp"
+
+namespace tg {
+
+namespace detail {
+inline std::atomic<bool> fused_linear_enabled{true};
+inline std::atomic<bool> tf32_enabled{false};
+}  // namespace detail
+
+/// Whether linear() and the backward GEMMs use the fused epilogues (default) or the unfused path of
+/// separate GEMM and elementwise ops. Both give the same results up to rounding; a test compares them.
+inline void set_fused_linear(bool on) { detail::fused_linear_enabled = on; }
+inline bool fused_linear() { return detail::fused_linear_enabled; }
+
+/// Opt in to TF32 tensor cores for float32 GEMMs on CUDA (10-bit mantissa products, f32 accumulation).
+inline void set_allow_tf32(bool on) { detail::tf32_enabled = on; }
+inline bool allow_tf32() { return detail::tf32_enabled; }
+
+namespace detail {
+
+/// Row-major GEMM sizes of op(a) @ op(b), with the error users see for mismatched shapes.
+struct GemmDims {
+  std::int64_t m, n, k;
+};
+
+template <class T, class D>
+GemmDims gemm_dims(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb, const char* op) {
+  check_defined(a, op);
+  check_defined(b, op);
+  TG_CHECK(a.rank() == 2 && b.rank() == 2, op, "needs 2-d operands, got ", a.shape().str(), " @ ", b.shape().str());
+  const std::int64_t m = ta ? a.dim(1) : a.dim(0), ka = ta ? a.dim(0) : a.dim(1);
+  const std::int64_t kb = tb ? b.dim(1) : b.dim(0), n = tb ? b.dim(0) : b.dim(1);
+  TG_CHECK(ka == kb, op, "inner dims differ: ", a.shape().str(), ta ? "^T" : "", " @ ", b.shape().str(), tb ? "^T" : "",
+           " (", ka, " vs ", kb, ")");
+  return {m, n, ka};
+}
+
+/// y(x) = act(x) on a tensor, for the unfused paths.
+template <class T, class D>
+Tensor<T, D> activate(const Tensor<T, D>& z, Activation act) {
+  switch (act) {
+    case Activation::relu: return relu(z);
+    case Activation::gelu: return gelu(z);
+    case Activation::gelu_exact: return gelu_exact(z);
+    case Activation::none: break;
+  }
+  return z;
+}
+
+/// dz = g * act'(z) elementwise.
+template <class Act>
+struct ActBackwardFn {
+  template <class C> TG_HD C operator()(C g, C z) const { return Act{}.backward(z, C(0), g); }
+};
+
+template <class T, class D>
+Tensor<T, D> activation_backward(const Tensor<T, D>& g, const Tensor<T, D>& z, Activation act) {
+  switch (act) {
+    case Activation::relu: return map2(g, z, ActBackwardFn<fn::Relu>{}, "linear_backward");
+    case Activation::gelu: return map2(g, z, ActBackwardFn<fn::Gelu>{}, "linear_backward");
+    case Activation::gelu_exact: return map2(g, z, ActBackwardFn<fn::GeluExact>{}, "linear_backward");
+    case Activation::none: break;
+  }
+  return g;
+}
+
+/// Double-precision GEMM on the CPU: oneDNN has no f64 matmul, and double is for gradient checks, so a
+/// plain cache-friendly OpenMP loop (rows in parallel, i-k-j order) serves.
+inline void gemm_f64(const GemmDims& g, const double* a, const double* b, double* c, bool ta, bool tb) {
+#pragma omp parallel for schedule(static)
+  for (std::int64_t i = 0; i < g.m; ++i) {
+    double* ci = c + i * g.n;
+    for (std::int64_t j = 0; j < g.n; ++j) ci[j] = 0.0;
+    for (std::int64_t p = 0; p < g.k; ++p) {
+      const double aip = ta ? a[p * g.m + i] : a[i * g.k + p];
+      if (tb) {
+        for (std::int64_t j = 0; j < g.n; ++j) ci[j] += aip * b[j * g.k + p];
+      } else {
+        const double* bp = b + p * g.n;
+        for (std::int64_t j = 0; j < g.n; ++j) ci[j] += aip * bp[j];
+      }
+    }
+  }
+}
+
+/// CPU: C = op(A) op(B) [+ bias] [act], through oneDNN (bf16 inputs go through f32 where this CPU has no
+/// oneDNN bf16 kernels: the same f32 accumulation, one rounding of the result).
+template <class T>
+Tensor<T, Cpu> cpu_gemm(const Tensor<T, Cpu>& a, const Tensor<T, Cpu>& b, bool ta, bool tb,
+                        const std::type_identity_t<Tensor<T, Cpu>>* bias,
+                        Activation act, const GemmDims& g) {
+  Tensor<T, Cpu> c(Shape{g.m, g.n});
+  if constexpr (std::is_same_v<T, double>) {
+    gemm_f64(g, a.data(), b.data(), c.data(), ta, tb);
+    if (bias) c = add(c, *bias);
+    return activate(c, act);
+  } else if constexpr (std::is_same_v<T, float>) {
+    cpu::GemmShape s{g.m, g.n, g.k, ta, tb, cpu::GemmType::f32, bias != nullptr, act};
+    cpu::OneDnn::instance().gemm(s, a.data(), b.data(), bias ? bias->data() : nullptr, c.data());
+    return c;
+  } else {
+    static_assert(std::is_same_v<T, bf16>, "GEMMs take float, double or bf16");
+    auto& dnn = cpu::OneDnn::instance();
+    Tensor<float, Cpu> bias_f;
+    if (bias) bias_f = cast<float>(*bias);
+    if (dnn.bf16_supported()) {
+      cpu::GemmShape s{g.m, g.n, g.k, ta, tb, cpu::GemmType::bf16, bias != nullptr, act};
+      dnn.gemm(s, a.data(), b.data(), bias ? bias_f.data() : nullptr, c.data());
+      return c;
+    }
+    const auto af = cast<float>(a), bf = cast<float>(b);
+    return cast<bf16>(cpu_gemm<float>(af, bf, ta, tb, bias ? &bias_f : nullptr, act, g));
+  }
+}
+
+#if defined(TG_WITH_CUDA)
+template <class T>
+constexpr cuda::LtType lt_type() {
+  if constexpr (std::is_same_v<T, double>) return cuda::LtType::f64;
+  else if constexpr (std::is_same_v<T, bf16>) return cuda::LtType::bf16;
+  else return cuda::LtType::f32;
+}
+
+/// The column-major cuBLASLt problem for row-major C(m, n) = op(A) op(B): C^T = op(B)^T op(A)^T, so
+/// cuBLASLt's A is our B and its B is our A (llm.c's swap).
+template <class T>
+cuda::LtGemm lt_problem(const GemmDims& g, bool ta, bool tb, cuda::Epilogue e) {
+  cuda::LtGemm p;
+  p.m = g.n;
+  p.n = g.m;
+  p.k = g.k;
+  p.trans_a = tb;
+  p.trans_b = ta;
+  p.lda = tb ? g.k : g.n;
+  p.ldb = ta ? g.m : g.k;
+  p.ldd = g.n;
+  p.type = lt_type<T>();
+  if (p.type == cuda::LtType::f32 && allow_tf32()) p.type = cuda::LtType::tf32;
+  p.epilogue = e;
+  p.aux_ld = g.n;
+  return p;
+}
+#endif
+
+/// Row-major GEMM on device D with an optional fused bias/activation; `pre` receives the pre-activation
+/// when the caller needs it for backward.
+template <class T, class D>
+Tensor<T, D> gemm(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb,
+                  const std::type_identity_t<Tensor<T, D>>* bias, Activation act,
+                  std::type_identity_t<Tensor<T, D>>* pre, const char* op) {
+  const GemmDims g = gemm_dims(a, b, ta, tb, op);
+  if (bias) {
+    check_defined(*bias, op);
+    TG_CHECK(bias->rank() == 1 && bias->dim(0) == g.n, op, "bias must have shape (", g.n, ",), got ", bias->shape().str());
+  }
+  const bool fused = fused_linear();
+  if constexpr (std::is_same_v<D, Cpu>) {
+    if (pre == nullptr && fused) return cpu_gemm(a, b, ta, tb, bias, act, g);
+    // Training, or the unfused path: keep z = op(A) op(B) + bias and apply the activation separately.
+    Tensor<T, D> z = cpu_gemm(a, b, ta, tb, fused ? bias : nullptr, Activation::none, g);
+    if (!fused && bias) z = add(z, *bias);
+    if (pre) *pre = z;
+    return activate(z, act);
+  } else {
+#if defined(TG_WITH_CUDA)
+    Tensor<T, D> c(Shape{g.m, g.n});
+    if (g.m == 0 || g.n == 0) return c;
+    cuda::Epilogue e = cuda::Epilogue::none;
+    if (fused && bias) {
+      e = act == Activation::none ? cuda::Epilogue::bias
+          : act == Activation::relu && pre == nullptr ? cuda::Epilogue::relu_bias
+          : act == Activation::gelu && g.n % 8 == 0 ? cuda::Epilogue::gelu_aux_bias  // aux ld: multiple of 8
+                                                    : cuda::Epilogue::none;
+    }
+    // cuBLASLt's GELU epilogue is the tanh form; exact GELU and the cases above without an epilogue run
+    // unfused. The aux buffer of GELU_AUX_BIAS is the pre-activation the backward pass needs.
+    Tensor<T, D> aux;
+    if (e == cuda::Epilogue::gelu_aux_bias) aux = Tensor<T, D>(Shape{g.m, g.n});
+    const bool done = g.k > 0 && cuda::Lt::instance().matmul(lt_problem<T>(g, ta, tb, e), b.data(), a.data(), c.data(),
+                                                             bias ? bias->data() : nullptr, aux.defined() ? aux.data() : nullptr);
+    if (done && e != cuda::Epilogue::none) {
+      if (pre) *pre = e == cuda::Epilogue::gelu_aux_bias ? aux : c;
+      if (e == cuda::Epilogue::bias) return activate(c, act);
+      return c;
+    }
+    if (!done) {
+      if (g.k == 0) c = zeros<T, D>(Shape{g.m, g.n});
+      else TG_CHECK(cuda::Lt::instance().matmul(lt_problem<T>(g, ta, tb, cuda::Epilogue::none), b.data(), a.data(), c.data()),
+                    op, "cuBLASLt found no algorithm for (", g.m, ", ", g.k, ") @ (", g.k, ", ", g.n, ") in ", dtype_name<T>);
+    }
+    if (bias) c = add(c, *bias);
+    if (pre) *pre = c;
+    return activate(c, act);
+#else
+    cuda::require_device(op);
+    return {};
+#endif
+  }
+}
+
+}  // namespace detail
+
+/// op(a) @ op(b) for 2-d a, b: a (m, k) [stored (k, m) when transpose_a], b (k, n) [stored (n, k) when
+/// transpose_b] -> (m, n). bf16 inputs accumulate in f32 and round the result once.
+template <FloatElement T, Device D>
+Tensor<T, D> matmul(const Tensor<T, D>& a, const Tensor<T, D>& b, bool transpose_a = false, bool transpose_b = false) {
+  return detail::gemm(a, b, transpose_a, transpose_b, nullptr, Activation::none, nullptr, "matmul");
+}
+
+/// The fused layer act(x @ w + b): x (B, in), w (in, out), b (out,) -> (B, out). The bias and activation
+/// run in the GEMM's epilogue (oneDNN post-ops, cuBLASLt epilogues) unless set_fused_linear(false).
+template <FloatElement T, Device D>
+Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>& b, Activation act = Activation::none) {
+  return detail::gemm(x, w, false, false, &b, act, nullptr, "linear");
+}
+
+/// linear() that also returns the pre-activation z = x @ w + b, which its backward pass needs.
+template <FloatElement T, Device D>
+std::pair<Tensor<T, D>, Tensor<T, D>> linear_with_pre_activation(const Tensor<T, D>& x, const Tensor<T, D>& w,
+                                                                 const Tensor<T, D>& b, Activation act) {
+  Tensor<T, D> pre;
+  Tensor<T, D> y = detail::gemm(x, w, false, false, &b, act, &pre, "linear");
+  return {y, pre};
+}
+
+/// Backward through a layer's activation, fused into the GEMM that produces its input gradient:
+/// g = a @ op(b); returns {dz = g * act'(z), db = sum over rows of dz}. With a = dz of the next layer
+/// and b = its weight (transpose_b), this is cuBLASLt's DGELU_BGRAD.
+template <FloatElement T, Device D>
+std::pair<Tensor<T, D>, Tensor<T, D>> matmul_dact_bgrad(const Tensor<T, D>& a, const Tensor<T, D>& b, bool transpose_b,
+                                                        const Tensor<T, D>& z, Activation act) {
+  const detail::GemmDims g = detail::gemm_dims(a, b, false, transpose_b, "matmul_dact_bgrad");
+  TG_CHECK(z.shape() == Shape({g.m, g.n}), "matmul_dact_bgrad", "pre-activation must have shape (", g.m, ", ", g.n,
+           "), got ", z.shape().str());
+#if defined(TG_WITH_CUDA)
+  if constexpr (std::is_same_v<D, Cuda>) {
+    if (fused_linear() && act == Activation::gelu && g.n % 8 == 0 && g.k > 0 && g.m > 0) {
+      Tensor<T, D> dz(Shape{g.m, g.n}), db(Shape{g.n});
+      if (cuda::Lt::instance().matmul(detail::lt_problem<T>(g, false, transpose_b, cuda::Epilogue::dgelu_bgrad), b.data(),
+                                      a.data(), dz.data(), db.data(), z.data()))
+        return {dz, db};
+    }
+  }
+#endif
+  const Tensor<T, D> dz = detail::activation_backward(matmul(a, b, false, transpose_b), z, act);
+  return {dz, sum(dz, 0)};
+}
+
+/// The weight and bias gradients of a layer in one GEMM: {dw = x^T @ dz, db = sum over rows of dz}.
+/// On CUDA the bias gradient comes from the GEMM's epilogue (BGRADA in the row-major swap).
+template <FloatElement T, Device D>
+std::pair<Tensor<T, D>, Tensor<T, D>> matmul_bgrad(const Tensor<T, D>& x, const Tensor<T, D>& dz) {
+  [[maybe_unused]] const detail::GemmDims g = detail::gemm_dims(x, dz, true, false, "matmul_bgrad");
+#if defined(TG_WITH_CUDA)
+  if constexpr (std::is_same_v<D, Cuda>) {
+    if (fused_linear() && g.k > 0 && g.m > 0 && g.n > 0) {
+      // Row-major dw (in, out) = x^T dz; cuBLASLt sees dw^T = dz^T x with dz^T as its A operand, whose
+      // sums over k (the batch) are the bias gradient.
+      Tensor<T, D> dw(Shape{g.m, g.n}), db(Shape{g.n});
+      if (cuda::Lt::instance().matmul(detail::lt_problem<T>(g, true, false, cuda::Epilogue::bgrada), dz.data(), x.data(),
+                                      dw.data(), db.data()))
+        return {dw, db};
+    }
+  }
+#endif
+  return {matmul(x, dz, true, false), sum(dz, 0)};
+}
+
+}  // namespace tg

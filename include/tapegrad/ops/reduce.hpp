@@ -1,0 +1,270 @@
+// Reductions (sum, mean, max, argmax, logsumexp) over one axis or everything, and softmax / log_softmax
+// over the last axis. Every output element is reduced by one thread in index order, and whole-tensor
+// reductions go through fixed chunks, so results are bitwise reproducible on the CPU (any thread count)
+// and on CUDA (no float atomics).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "tapegrad/ops/elementwise.hpp"
+
+namespace tg {
+
+namespace detail {
+
+/// A tensor seen as (outer, n, inner) around the reduced axis.
+struct AxisView {
+  std::int64_t outer = 1, n = 1, inner = 1;
+};
+
+inline AxisView axis_view(const Shape& s, int axis) {
+  AxisView v;
+  for (int d = 0; d < axis; ++d) v.outer *= s[d];
+  v.n = s[axis];
+  for (int d = axis + 1; d < s.rank(); ++d) v.inner *= s[d];
+  return v;
+}
+
+/// The shape after reducing `axis` (kept as 1 with keepdims).
+inline Shape reduced_shape(const Shape& s, int axis, bool keepdims) {
+  std::vector<std::int64_t> dims;
+  for (int d = 0; d < s.rank(); ++d) {
+    if (d != axis) dims.push_back(s[d]);
+    else if (keepdims) dims.push_back(1);
+  }
+  return Shape(std::span<const std::int64_t>(dims));
+}
+
+/// The identity of max: -inf for floating types, the minimum for integers. (std::numeric_limits is
+/// host-only under nvcc, so the values are spelled out.)
+template <class C> TG_HD C lowest() {
+  if constexpr (std::is_floating_point_v<C>) return -static_cast<C>(INFINITY);
+  else if constexpr (std::is_signed_v<C>) return static_cast<C>(C(1) << (sizeof(C) * 8 - 1));
+  else return C(0);
+}
+
+struct SumReducer {
+  template <class C> TG_HD C init() const { return C(0); }
+  template <class C> TG_HD C step(C acc, C x) const { return acc + x; }
+  template <class C> TG_HD C finish(C acc, std::int64_t) const { return acc; }
+};
+struct MeanReducer : SumReducer {
+  template <class C> TG_HD C finish(C acc, std::int64_t n) const { return acc / C(n); }
+};
+struct MaxReducer {
+  template <class C> TG_HD C init() const { return lowest<C>(); }
+  template <class C> TG_HD C step(C acc, C x) const { return (x > acc || math::isnan(x)) && !math::isnan(acc) ? x : acc; }
+  template <class C> TG_HD C finish(C acc, std::int64_t) const { return acc; }
+};
+
+/// y[o] = reduce over k of x[outer(o), k, inner(o)], in index order.
+template <class R, class TIn, class TOut>
+struct ReduceAxisFn {
+  const TIn* x;
+  TOut* y;
+  std::int64_t n, inner;
+  R r;
+  TG_HD void operator()(std::int64_t o) const {
+    using C = compute_t<TIn>;
+    const TIn* base = x + (o / inner) * n * inner + o % inner;
+    C acc = r.template init<C>();
+    for (std::int64_t k = 0; k < n; ++k) acc = r.step(acc, convert_from<C>(base[k * inner]));
+    y[o] = convert_to<TOut>(r.finish(acc, n));
+  }
+};
+
+/// First index of the maximum along the axis (NaN counts as the maximum, as NumPy).
+template <class TIn>
+struct ArgmaxAxisFn {
+  const TIn* x;
+  std::int32_t* y;
+  std::int64_t n, inner;
+  TG_HD void operator()(std::int64_t o) const {
+    using C = compute_t<TIn>;
+    const TIn* base = x + (o / inner) * n * inner + o % inner;
+    C best = convert_from<C>(base[0]);
+    std::int64_t at = 0;
+    for (std::int64_t k = 1; k < n && !math::isnan(best); ++k) {
+      const C v = convert_from<C>(base[k * inner]);
+      if (v > best || math::isnan(v)) best = v, at = k;
+    }
+    y[o] = static_cast<std::int32_t>(at);
+  }
+};
+
+/// log(sum(exp(x))) along the axis, shifted by the maximum so it cannot overflow.
+template <class TIn, class TOut>
+struct LogSumExpAxisFn {
+  const TIn* x;
+  TOut* y;
+  std::int64_t n, inner;
+  TG_HD void operator()(std::int64_t o) const {
+    using C = compute_t<TIn>;
+    const TIn* base = x + (o / inner) * n * inner + o % inner;
+    C m = lowest<C>();
+    for (std::int64_t k = 0; k < n; ++k) m = MaxReducer{}.step(m, convert_from<C>(base[k * inner]));
+    if (!(m > lowest<C>() && m < -lowest<C>())) {  // all -inf, an inf, or NaN: the max is the answer
+      y[o] = convert_to<TOut>(m);
+      return;
+    }
+    C s = C(0);
+    for (std::int64_t k = 0; k < n; ++k) s += math::exp(convert_from<C>(base[k * inner]) - m);
+    y[o] = convert_to<TOut>(m + math::log(s));
+  }
+};
+
+/// softmax (or log_softmax) of each row of a (rows, n) tensor.
+template <class T, bool Log>
+struct SoftmaxRowFn {
+  const T* x;
+  T* y;
+  std::int64_t n;
+  TG_HD void operator()(std::int64_t row) const {
+    using C = compute_t<T>;
+    const T* xr = x + row * n;
+    T* yr = y + row * n;
+    C m = lowest<C>();
+    for (std::int64_t k = 0; k < n; ++k) m = MaxReducer{}.step(m, convert_from<C>(xr[k]));
+    C s = C(0);
+    for (std::int64_t k = 0; k < n; ++k) s += math::exp(convert_from<C>(xr[k]) - m);
+    if constexpr (Log) {
+      const C lse = math::log(s);
+      for (std::int64_t k = 0; k < n; ++k) yr[k] = convert_to<T>(convert_from<C>(xr[k]) - m - lse);
+    } else {
+      const C inv = C(1) / s;
+      for (std::int64_t k = 0; k < n; ++k) yr[k] = convert_to<T>(math::exp(convert_from<C>(xr[k]) - m) * inv);
+    }
+  }
+};
+
+/// Reduces `x` along `axis` with reducer R, writing TOut.
+template <class R, Element TOut, Element T, Device D>
+Tensor<TOut, D> reduce_axis(const Tensor<T, D>& x, int axis, bool keepdims, const char* op) {
+  check_defined(x, op);
+  const int a = x.shape().normalize_axis(axis, op);
+  const AxisView v = axis_view(x.shape(), a);
+  Tensor<TOut, D> y(reduced_shape(x.shape(), a, keepdims));
+  index_map<D>(y.size(), ReduceAxisFn<R, T, TOut>{x.data(), y.data(), v.n, v.inner, R{}});
+  return y;
+}
+
+/// Chunk size for whole-tensor reductions: partial results of fixed chunks, then of the partials.
+inline constexpr std::int64_t reduce_chunk = 4096;
+
+/// Reduces every element with R: fixed chunks reduced in order, then the chunk results, recursively.
+template <class R, Element T, Device D>
+Tensor<compute_t<T>, D> reduce_all_partials(const Tensor<T, D>& x, const char* op) {
+  using C = compute_t<T>;
+  check_defined(x, op);
+  const std::int64_t n = x.size();
+  if (n <= reduce_chunk) return reduce_axis<R, C>(x.reshape(Shape{1, n}), 1, false, op).reshape(Shape{1});
+  // Pad conceptually: chunks of reduce_chunk, the last one shorter. Reduce full chunks as a (m, chunk)
+  // view, the tail separately, in a fixed order.
+  const std::int64_t full = n / reduce_chunk, tail = n - full * reduce_chunk;
+  Tensor<C, D> partial(Shape{full + (tail ? 1 : 0)});
+  index_map<D>(full, ReduceAxisFn<R, T, C>{x.data(), partial.data(), reduce_chunk, 1, R{}});
+  if (tail) index_map<D>(1, ReduceAxisFn<R, T, C>{x.data() + full * reduce_chunk, partial.data() + full, tail, 1, R{}});
+  return partial;
+}
+
+}  // namespace detail
+
+/// Sum along `axis` (negative counts from the end); keepdims keeps it as size 1.
+template <Element T, Device D>
+Tensor<T, D> sum(const Tensor<T, D>& x, int axis, bool keepdims = false) {
+  return detail::reduce_axis<detail::SumReducer, T>(x, axis, keepdims, "sum");
+}
+
+/// Mean along `axis`.
+template <FloatElement T, Device D>
+Tensor<T, D> mean(const Tensor<T, D>& x, int axis, bool keepdims = false) {
+  return detail::reduce_axis<detail::MeanReducer, T>(x, axis, keepdims, "mean");
+}
+
+/// Maximum along `axis` (NaN propagates).
+template <Element T, Device D>
+Tensor<T, D> max(const Tensor<T, D>& x, int axis, bool keepdims = false) {
+  TG_CHECK(x.dim(axis) > 0, "max", "cannot take the maximum over an empty axis of shape ", x.shape().str());
+  return detail::reduce_axis<detail::MaxReducer, T>(x, axis, keepdims, "max");
+}
+
+/// Index (int32) of the first maximum along `axis`.
+template <Element T, Device D>
+Tensor<std::int32_t, D> argmax(const Tensor<T, D>& x, int axis, bool keepdims = false) {
+  detail::check_defined(x, "argmax");
+  const int a = x.shape().normalize_axis(axis, "argmax");
+  TG_CHECK(x.shape()[a] > 0, "argmax", "cannot take argmax over an empty axis of shape ", x.shape().str());
+  const detail::AxisView v = detail::axis_view(x.shape(), a);
+  Tensor<std::int32_t, D> y(detail::reduced_shape(x.shape(), a, keepdims));
+  detail::index_map<D>(y.size(), detail::ArgmaxAxisFn<T>{x.data(), y.data(), v.n, v.inner});
+  return y;
+}
+
+/// log(sum(exp(x))) along `axis`, numerically stable.
+template <FloatElement T, Device D>
+Tensor<T, D> logsumexp(const Tensor<T, D>& x, int axis, bool keepdims = false) {
+  detail::check_defined(x, "logsumexp");
+  const int a = x.shape().normalize_axis(axis, "logsumexp");
+  const detail::AxisView v = detail::axis_view(x.shape(), a);
+  Tensor<T, D> y(detail::reduced_shape(x.shape(), a, keepdims));
+  detail::index_map<D>(y.size(), detail::LogSumExpAxisFn<T, T>{x.data(), y.data(), v.n, v.inner});
+  return y;
+}
+
+/// Sum of all elements, as a 0-d tensor (accumulated in the compute type, in a fixed order).
+template <Element T, Device D>
+Tensor<T, D> sum(const Tensor<T, D>& x) {
+  auto partial = detail::reduce_all_partials<detail::SumReducer>(x, "sum");
+  while (partial.size() > 1) partial = detail::reduce_all_partials<detail::SumReducer>(partial, "sum");
+  return cast<T>(partial.reshape(Shape{}));
+}
+
+/// Mean of all elements, as a 0-d tensor.
+template <FloatElement T, Device D>
+Tensor<T, D> mean(const Tensor<T, D>& x) {
+  TG_CHECK(x.size() > 0, "mean", "the mean of an empty tensor is undefined (shape ", x.shape().str(), ")");
+  auto total = detail::reduce_all_partials<detail::SumReducer>(x, "mean");
+  while (total.size() > 1) total = detail::reduce_all_partials<detail::SumReducer>(total, "mean");
+  return cast<T>(mul(total.reshape(Shape{}), 1.0 / static_cast<double>(x.size())));
+}
+
+/// Maximum of all elements, as a 0-d tensor.
+template <Element T, Device D>
+Tensor<T, D> max(const Tensor<T, D>& x) {
+  TG_CHECK(x.size() > 0, "max", "cannot take the maximum of an empty tensor");
+  auto partial = detail::reduce_all_partials<detail::MaxReducer>(x, "max");
+  while (partial.size() > 1) partial = detail::reduce_all_partials<detail::MaxReducer>(partial, "max");
+  return cast<T>(partial.reshape(Shape{}));
+}
+
+/// Index (int32) of the first maximum of the flattened tensor, as a 0-d tensor.
+template <Element T, Device D>
+Tensor<std::int32_t, D> argmax(const Tensor<T, D>& x) {
+  return argmax(x.reshape({-1}), 0).reshape(Shape{});
+}
+
+/// softmax over the last axis: exp(x - max) / sum(exp(x - max)).
+template <FloatElement T, Device D>
+Tensor<T, D> softmax(const Tensor<T, D>& x) {
+  detail::check_defined(x, "softmax");
+  TG_CHECK(x.rank() >= 1, "softmax", "needs at least one axis, got a scalar");
+  const std::int64_t n = x.dim(-1);
+  Tensor<T, D> y(x.shape());
+  detail::index_map<D>(n ? x.size() / n : 0, detail::SoftmaxRowFn<T, false>{x.data(), y.data(), n});
+  return y;
+}
+
+/// log_softmax over the last axis: x - max - log(sum(exp(x - max))).
+template <FloatElement T, Device D>
+Tensor<T, D> log_softmax(const Tensor<T, D>& x) {
+  detail::check_defined(x, "log_softmax");
+  TG_CHECK(x.rank() >= 1, "log_softmax", "needs at least one axis, got a scalar");
+  const std::int64_t n = x.dim(-1);
+  Tensor<T, D> y(x.shape());
+  detail::index_map<D>(n ? x.size() / n : 0, detail::SoftmaxRowFn<T, true>{x.data(), y.data(), n});
+  return y;
+}
+
+}  // namespace tg
