@@ -1,0 +1,122 @@
+// bench_gemm_cuda: the 8 GEMMs of one training step at batch 512 on the GPU, f32 and bf16, through
+// tg::matmul and through cuBLASLt called directly (own handle, descriptors and heuristic; no tapegrad code
+// in the timed call), in the same process. Without a GPU it says so and exits 0.
+#include <tapegrad/tapegrad.hpp>
+
+#include <cstdio>
+#include <algorithm>
+#include <functional>
+#include <vector>
+
+namespace {
+
+struct Shape3 {
+  const char* what;
+  std::int64_t m, n, k;
+  bool ta, tb;
+};
+
+const Shape3 step_gemms[] = {
+    {"fwd  x@W1     ", 512, 256, 784, false, false}, {"fwd  h1@W2    ", 512, 128, 256, false, false},
+    {"fwd  h2@W3    ", 512, 10, 128, false, false},  {"bwd  x^T@dz1  ", 784, 256, 512, true, false},
+    {"bwd  h1^T@dz2 ", 256, 128, 512, true, false},  {"bwd  h2^T@dz3 ", 128, 10, 512, true, false},
+    {"bwd  dz3@W3^T ", 512, 128, 10, false, true},   {"bwd  dz2@W2^T ", 512, 256, 128, false, true},
+};
+
+/// Median milliseconds per call, timed with CUDA events on the library's stream after a warm-up.
+double median_ms(const std::function<void()>& f, int reps = 200, int rounds = 7) {
+  for (int i = 0; i < reps; ++i) f();
+  cudaEvent_t start, stop;
+  TG_CUDA_CHECK(cudaEventCreate(&start));
+  TG_CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> t;
+  for (int r = 0; r < rounds; ++r) {
+    TG_CUDA_CHECK(cudaEventRecord(start, tg::cuda::stream()));
+    for (int i = 0; i < reps; ++i) f();
+    TG_CUDA_CHECK(cudaEventRecord(stop, tg::cuda::stream()));
+    TG_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    TG_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    t.push_back(ms / reps);
+  }
+  std::sort(t.begin(), t.end());
+  TG_CUDA_CHECK(cudaEventDestroy(start));
+  TG_CUDA_CHECK(cudaEventDestroy(stop));
+  return t[t.size() / 2];
+}
+
+/// cuBLASLt called directly for row-major C = op(A) op(B) (as C^T = op(B)^T op(A)^T column-major).
+struct DirectLt {
+  cublasLtHandle_t handle = nullptr;
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  void* workspace = nullptr;
+  std::size_t ws_bytes = 32u << 20;
+
+  DirectLt(const Shape3& s, cudaDataType_t type) {
+    TG_CUBLAS_CHECK(cublasLtCreate(&handle));
+    TG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opa = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type, s.tb ? s.k : s.n, s.tb ? s.n : s.k, s.tb ? s.k : s.n));
+    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, s.ta ? s.m : s.k, s.ta ? s.k : s.m, s.ta ? s.m : s.k));
+    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, type, s.n, s.m, s.n));
+    TG_CUDA_CHECK(cudaMalloc(&workspace, ws_bytes));
+    cublasLtMatmulPreference_t pref;
+    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    TG_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, pref, 1, &result, &found));
+    TG_CHECK(found > 0, "bench", "cuBLASLt found no algorithm");
+    algo = result.algo;
+    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+  }
+  ~DirectLt() {
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(handle);
+    cudaFree(workspace);
+  }
+  void run(const void* a, const void* b, void* c) {
+    const float one = 1, zero = 0;
+    TG_CUBLAS_CHECK(cublasLtMatmul(handle, desc, &one, b, la, a, lb, &zero, c, lc, c, lc, &algo, workspace, ws_bytes,
+                                   tg::cuda::stream()));
+  }
+};
+
+template <class T>
+void run(const char* type_name, cudaDataType_t type) {
+  std::printf("\n%s on %s (reference: cuBLASLt called directly)\n", type_name, tg::cuda::describe_devices().c_str());
+  std::printf("  %-15s %12s %10s %10s %10s %7s\n", "GEMM", "m x n x k", "ours ms", "GFLOP/s", "direct ms", "ratio");
+  double ours_total = 0, ref_total = 0;
+  for (const Shape3& s : step_gemms) {
+    const auto a = tg::random::normal<float, tg::Cuda>(tg::random::key(1), s.ta ? tg::Shape{s.k, s.m} : tg::Shape{s.m, s.k}).cast<T>();
+    const auto b = tg::random::normal<float, tg::Cuda>(tg::random::key(2), s.tb ? tg::Shape{s.n, s.k} : tg::Shape{s.k, s.n}).cast<T>();
+    const double ours = median_ms([&] { (void)tg::matmul(a, b, s.ta, s.tb); });
+    DirectLt direct(s, type);
+    auto c = tg::empty<T, tg::Cuda>({s.m, s.n});
+    const double ref = median_ms([&] { direct.run(a.data(), b.data(), c.data()); });
+    ours_total += ours;
+    ref_total += ref;
+    std::printf("  %-15s %4lldx%3lldx%3lld %10.4f %10.1f %10.4f %7.2f\n", s.what, (long long)s.m, (long long)s.n,
+                (long long)s.k, ours, 2.0 * s.m * s.n * s.k / ours / 1e6, ref, ours / ref);
+  }
+  std::printf("  %-15s %12s %10.4f %10s %10.4f %7.2f\n", "all 8", "", ours_total, "", ref_total, ours_total / ref_total);
+}
+
+}  // namespace
+
+int main() {
+  if (!tg::cuda::available()) {
+    std::printf("bench_gemm_cuda: no CUDA device here (%s); nothing to measure\n", tg::cuda::describe_devices().c_str());
+    return 0;
+  }
+  run<float>("float32", CUDA_R_32F);
+  run<tg::bf16>("bfloat16", CUDA_R_16BF);
+  return 0;
+}
