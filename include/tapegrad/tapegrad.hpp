@@ -16,3 +16,6 @@
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/nn.hpp"
 #include "tapegrad/ops/reduce.hpp"
+#include "tapegrad/tree/pytree.hpp"
+#include "tapegrad/autodiff/grad.hpp"
+#include "tapegrad/autodiff/check_grads.hpp"

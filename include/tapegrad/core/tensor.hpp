@@ -22,6 +22,9 @@
 
 namespace tg {
 
+template <Element T, Device D = Cpu>
+class Tensor;
+
 namespace detail {
 
 /// Runs f(i) for i in [0, n) on device D: an OpenMP loop on the CPU, a grid-stride kernel on CUDA.
@@ -64,11 +67,24 @@ struct ArangeFn {
   TG_HD void operator()(std::int64_t i) const { out[i] = from_double<T>(start + step * static_cast<double>(i)); }
 };
 
+/// Which tape, and which node on it, a traced tensor is (see core/tape.hpp). Untraced: tape == 0.
+struct Trace {
+  std::uint64_t tape = 0;
+  std::int64_t node = -1;
+};
+
+// Recording of the view and transfer ops that live on Tensor itself; defined in core/tape.hpp.
+template <Element T, Device D>
+void record_reshape(const Tensor<T, D>& from, Tensor<T, D>& to);
+template <Element T, Device D, Device D2>
+void record_transfer(const Tensor<T, D>& from, Tensor<T, D2>& to);
+
 }  // namespace detail
 
 /// A row-major, contiguous n-d array of T on device D (tg::Cpu or tg::Cuda).
 /// Copies are cheap and share storage; ops return new tensors and never change their inputs.
-template <Element T, Device D = Cpu>
+/// Inside value_and_grad a tensor may also carry a trace: its node on the tape recording the function.
+template <Element T, Device D>
 class Tensor {
  public:
   using value_type = T;
@@ -126,6 +142,8 @@ class Tensor {
              shape.str(), " (", shape.numel(), " elements)");
     Tensor r = *this;
     r.shape_ = shape;
+    r.trace_ = {};
+    ::tg::detail::record_reshape(*this, r);
     return r;
   }
 
@@ -138,6 +156,7 @@ class Tensor {
     } else {
       Tensor<T, D2> r(shape_);
       ::tg::detail::copy_bytes<D2, D>(r.data(), data(), nbytes());
+      ::tg::detail::record_transfer(*this, r);
       return r;
     }
   }
@@ -200,6 +219,16 @@ class Tensor {
     return os << "]";
   }
 
+  /// The tape node this tensor is, inside value_and_grad (tape 0 when untraced).
+  const detail::Trace& trace() const { return trace_; }
+  void set_trace(const detail::Trace& t) { trace_ = t; }
+  /// The same tensor without its trace: a constant to any tape (tg::stop_gradient).
+  Tensor untraced() const {
+    Tensor r = *this;
+    r.trace_ = {};
+    return r;
+  }
+
  private:
   void require_defined(const char* op) const {
     TG_CHECK(defined(), op, "the tensor is undefined (default-constructed); create it with tg::zeros, "
@@ -208,6 +237,7 @@ class Tensor {
 
   std::shared_ptr<Storage<D>> storage_;
   Shape shape_;
+  detail::Trace trace_;
 };
 
 /// An uninitialised tensor.
@@ -280,4 +310,12 @@ Tensor<T, D2> device_put(const Tensor<T, D>& t) {
   return t.template to<D2>();
 }
 
+/// `x` as a constant: gradients do not flow through it (jax.lax.stop_gradient).
+template <Element T, Device D>
+Tensor<T, D> stop_gradient(const Tensor<T, D>& x) {
+  return x.untraced();
+}
+
 }  // namespace tg
+
+#include "tapegrad/core/tape.hpp"

@@ -98,7 +98,61 @@ struct WithScalar {
     if constexpr (ScalarOnLeft) return op(C(s), x);
     else return op(x, C(s));
   }
+  template <class C> TG_HD C backward(C x, C y, C dy) const {
+    if constexpr (ScalarOnLeft) return op.backward_b(C(s), x, y, dy);
+    else return op.backward_a(x, C(s), y, dy);
+  }
 };
+
+/// dx = op.backward(x, y, dy) elementwise.
+template <class Op, class T>
+struct UnaryBackwardFn {
+  const T* x;
+  const T* y;
+  const T* dy;
+  T* dx;
+  Op op;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    dx[i] = convert_to<T>(op.backward(convert_from<C>(x[i]), convert_from<C>(y[i]), convert_from<C>(dy[i])));
+  }
+};
+
+/// The cotangent of one side of a broadcast binary op, at the result's shape (summed back by sum_to).
+template <class Op, class T, bool SideA>
+struct BinaryBackwardFn {
+  const T* a;
+  const T* b;
+  const T* y;
+  const T* dy;
+  T* out;
+  Op op;
+  BroadcastIndex<2> index;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    const C av = convert_from<C>(a[index.offset(0, i)]), bv = convert_from<C>(b[index.offset(1, i)]);
+    const C yv = convert_from<C>(y[i]), g = convert_from<C>(dy[i]);
+    out[i] = convert_to<T>(SideA ? op.backward_a(av, bv, yv, g) : op.backward_b(av, bv, yv, g));
+  }
+};
+
+/// y[i] = x[broadcast offset of i]: x expanded to a larger shape.
+template <class T>
+struct BroadcastCopyFn {
+  const T* x;
+  T* y;
+  BroadcastIndex<1> index;
+  TG_HD void operator()(std::int64_t i) const { y[i] = x[index.offset(0, i)]; }
+};
+
+template <class Op, class C>
+concept UnaryDifferentiable = requires(const Op op, C x) { op.backward(x, x, x); };
+template <class Op, class C>
+concept BinaryDifferentiable = requires(const Op op, C x) { op.backward_a(x, x, x, x); };
+
+/// Sums a cotangent of a broadcast result back to an input's shape (defined in ops/reduce.hpp).
+template <Element T, Device D>
+Tensor<T, D> sum_to(const Tensor<T, D>& g, const Shape& shape);
 
 template <class Op, class TIn, class TOut>
 struct BinaryFn {
@@ -133,6 +187,15 @@ Tensor<T, D> map(const Tensor<T, D>& x, Op op = {}, const char* name = "map") {
   detail::check_defined(x, name);
   Tensor<T, D> y(x.shape());
   detail::index_map<D>(x.size(), detail::UnaryFn<Op, T, T>{x.data(), y.data(), op});
+  if constexpr (FloatElement<T> && detail::UnaryDifferentiable<Op, compute_t<T>>) {
+    if (detail::recording(x)) {
+      detail::record(y, {x.trace()}, [in = x.trace(), x0 = x.untraced(), y0 = y.untraced(), op](detail::Tape& t, const Tensor<T, D>& dy) {
+        Tensor<T, D> dx(x0.shape());
+        detail::index_map<D>(x0.size(), detail::UnaryBackwardFn<Op, T>{x0.data(), y0.data(), dy.data(), dx.data(), op});
+        t.accumulate(in, dx);
+      });
+    }
+  }
   return y;
 }
 
@@ -144,8 +207,25 @@ auto map2(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op = {}, const char* 
   detail::check_defined(b, name);
   const Shape out = detail::broadcast_shapes(a.shape(), b.shape(), name);
   const Shape* in[2] = {&a.shape(), &b.shape()};
+  const detail::BroadcastIndex<2> index(out, in);
   Tensor<R, D> y(out);
-  detail::index_map<D>(y.size(), detail::BinaryFn<Op, T, R>{a.data(), b.data(), y.data(), op, detail::BroadcastIndex<2>(out, in)});
+  detail::index_map<D>(y.size(), detail::BinaryFn<Op, T, R>{a.data(), b.data(), y.data(), op, index});
+  if constexpr (std::is_same_v<R, T> && FloatElement<T> && detail::BinaryDifferentiable<Op, compute_t<T>>) {
+    if (detail::recording(a, b)) {
+      detail::record(y, {a.trace(), b.trace()},
+                     [ta = a.trace(), tb = b.trace(), a0 = a.untraced(), b0 = b.untraced(), y0 = y.untraced(), op, index](
+                         detail::Tape& t, const Tensor<T, D>& dy) {
+                       auto side = [&](auto side_a) {
+                         Tensor<T, D> g(y0.shape());
+                         detail::index_map<D>(g.size(), detail::BinaryBackwardFn<Op, T, decltype(side_a)::value>{
+                                                            a0.data(), b0.data(), y0.data(), dy.data(), g.data(), op, index});
+                         return g;
+                       };
+                       if (t.owns(ta)) t.accumulate(ta, detail::sum_to(side(std::true_type{}), a0.shape()));
+                       if (t.owns(tb)) t.accumulate(tb, detail::sum_to(side(std::false_type{}), b0.shape()));
+                     });
+    }
+  }
   return y;
 }
 
@@ -238,6 +318,35 @@ Tensor<T, D> where(const Tensor<std::uint8_t, D>& cond, const Tensor<T, D>& a, c
   const Shape* in[3] = {&cond.shape(), &a.shape(), &b.shape()};
   Tensor<T, D> y(out);
   detail::index_map<D>(y.size(), detail::SelectFn<T>{cond.data(), a.data(), b.data(), y.data(), detail::BroadcastIndex<3>(out, in)});
+  if constexpr (FloatElement<T>) {
+    if (detail::recording(a, b)) {
+      detail::record(y, {a.trace(), b.trace()},
+                     [ta = a.trace(), tb = b.trace(), sa = a.shape(), sb = b.shape(), c = cond](detail::Tape& t, const Tensor<T, D>& dy) {
+                       const auto zero = zeros<T, D>(Shape{});
+                       if (t.owns(ta)) t.accumulate(ta, detail::sum_to(where(c, dy, zero), sa));
+                       if (t.owns(tb)) t.accumulate(tb, detail::sum_to(where(c, zero, dy), sb));
+                     });
+    }
+  }
+  return y;
+}
+
+/// `x` expanded to `shape` by NumPy broadcasting (a copy); the cotangent sums back.
+template <Element T, Device D>
+Tensor<T, D> broadcast_to(const Tensor<T, D>& x, const Shape& shape) {
+  detail::check_defined(x, "broadcast_to");
+  const Shape out = detail::broadcast_shapes(x.shape(), shape, "broadcast_to");
+  TG_CHECK(out == shape, "broadcast_to", "cannot broadcast ", x.shape().str(), " to ", shape.str());
+  const Shape* in[1] = {&x.shape()};
+  Tensor<T, D> y(out);
+  detail::index_map<D>(y.size(), detail::BroadcastCopyFn<T>{x.data(), y.data(), detail::BroadcastIndex<1>(out, in)});
+  if constexpr (FloatElement<T>) {
+    if (detail::recording(x)) {
+      detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape()](detail::Tape& t, const Tensor<T, D>& dy) {
+        t.accumulate(in, detail::sum_to(dy, s));
+      });
+    }
+  }
   return y;
 }
 
@@ -250,6 +359,14 @@ Tensor<U, D> cast(const Tensor<T, D>& x) {
     detail::check_defined(x, "cast");
     Tensor<U, D> y(x.shape());
     detail::index_map<D>(x.size(), detail::UnaryFn<fn::Cast<U>, T, U>{x.data(), y.data(), {}});
+    if constexpr (FloatElement<T> && FloatElement<U>) {
+      // The cotangent converts back: a bf16 computation's gradient reaches f32 parameters in f32.
+      if (detail::recording(x)) {
+        detail::record(y, {x.trace()}, [in = x.trace()](detail::Tape& t, const Tensor<U, D>& dy) {
+          t.accumulate(in, cast<T>(dy));
+        });
+      }
+    }
     return y;
   }
 }
@@ -261,3 +378,5 @@ Tensor<U, D> Tensor<T, D>::cast() const {
 }
 
 }  // namespace tg
+
+#include "tapegrad/ops/reduce.hpp"  // sum_to, which the backward rules above use

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
+#include <tuple>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -212,18 +214,50 @@ Tensor<T, D> gemm(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb
 
 }  // namespace detail
 
+namespace detail {
+
+/// What a recorded linear layer leaves for its consumer: the pre-activation, so that the next layer's
+/// input-gradient GEMM can apply act' and reduce the bias gradient in its epilogue (DGELU_BGRAD).
+template <class T, class D>
+struct LinearProducer : FusedProducer {
+  Tensor<T, D> z;
+  Activation act = Activation::none;
+  Tensor<T, D> dz, db;  ///< delivered by the consumer when pending
+};
+
+/// The input gradient dz @ w^T of a linear layer; fused into the producer of x when x is the output of
+/// a linear layer with an activation that nothing else consumed.
+template <class T, class D>
+void linear_input_gradient(Tape& t, const Trace& x, const Tensor<T, D>& dz, const Tensor<T, D>& w) {
+  if (!t.owns(x)) return;
+  auto* producer = dynamic_cast<LinearProducer<T, D>*>(t.producer(x.node).get());
+  if (producer != nullptr && producer->act != Activation::none && t.uses(x.node) == 1 && fused_linear()) {
+    std::tie(producer->dz, producer->db) = matmul_dact_bgrad(dz, w, true, producer->z, producer->act);
+    producer->pending = true;
+    return;
+  }
+  t.accumulate(x, matmul(dz, w, false, true));
+}
+
+}  // namespace detail
+
 /// op(a) @ op(b) for 2-d a, b: a (m, k) [stored (k, m) when transpose_a], b (k, n) [stored (n, k) when
 /// transpose_b] -> (m, n). bf16 inputs accumulate in f32 and round the result once.
 template <FloatElement T, Device D>
 Tensor<T, D> matmul(const Tensor<T, D>& a, const Tensor<T, D>& b, bool transpose_a = false, bool transpose_b = false) {
-  return detail::gemm(a, b, transpose_a, transpose_b, nullptr, Activation::none, nullptr, "matmul");
-}
-
-/// The fused layer act(x @ w + b): x (B, in), w (in, out), b (out,) -> (B, out). The bias and activation
-/// run in the GEMM's epilogue (oneDNN post-ops, cuBLASLt epilogues) unless set_fused_linear(false).
-template <FloatElement T, Device D>
-Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>& b, Activation act = Activation::none) {
-  return detail::gemm(x, w, false, false, &b, act, nullptr, "linear");
+  Tensor<T, D> c = detail::gemm(a.untraced(), b.untraced(), transpose_a, transpose_b, nullptr, Activation::none, nullptr, "matmul");
+  if (detail::recording(a, b)) {
+    // C = op(A) op(B): dA = dC op(B)^T (transposed back if A was), dB = op(A)^T dC (likewise).
+    detail::record(c, {a.trace(), b.trace()},
+                   [ta = a.trace(), tb = b.trace(), a0 = a.untraced(), b0 = b.untraced(), transpose_a, transpose_b](
+                       detail::Tape& t, const Tensor<T, D>& dc) {
+                     if (t.owns(ta))
+                       t.accumulate(ta, transpose_a ? matmul(b0, dc, transpose_b, true) : matmul(dc, b0, false, !transpose_b));
+                     if (t.owns(tb))
+                       t.accumulate(tb, transpose_b ? matmul(dc, a0, true, transpose_a) : matmul(a0, dc, !transpose_a, false));
+                   });
+  }
+  return c;
 }
 
 /// linear() that also returns the pre-activation z = x @ w + b, which its backward pass needs.
@@ -231,8 +265,52 @@ template <FloatElement T, Device D>
 std::pair<Tensor<T, D>, Tensor<T, D>> linear_with_pre_activation(const Tensor<T, D>& x, const Tensor<T, D>& w,
                                                                  const Tensor<T, D>& b, Activation act) {
   Tensor<T, D> pre;
-  Tensor<T, D> y = detail::gemm(x, w, false, false, &b, act, &pre, "linear");
+  const Tensor<T, D> bu = b.untraced();
+  Tensor<T, D> y = detail::gemm(x.untraced(), w.untraced(), false, false, &bu, act, &pre, "linear");
   return {y, pre};
+}
+
+/// The fused layer act(x @ w + b): x (B, in), w (in, out), b (out,) -> (B, out). The bias and activation
+/// run in the GEMM's epilogue (oneDNN post-ops, cuBLASLt epilogues) unless set_fused_linear(false).
+/// Differentiable as one op: its backward computes dz = dy act'(z) once, the weight and bias gradients
+/// in one GEMM (bias gradient in the epilogue on CUDA), and hands dz @ w^T to the previous linear layer
+/// to fuse with that layer's act' (DGELU_BGRAD).
+template <FloatElement T, Device D>
+Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>& b, Activation act = Activation::none) {
+  if (!detail::recording(x, w, b)) {
+    const Tensor<T, D> bu = b.untraced();
+    return detail::gemm(x.untraced(), w.untraced(), false, false, &bu, act, nullptr, "linear");
+  }
+  auto [y, z] = linear_with_pre_activation(x, w, b, act);
+  auto producer = std::make_shared<detail::LinearProducer<T, D>>();
+  producer->z = z;
+  producer->act = act;
+  detail::record(y, {x.trace(), w.trace(), b.trace()},
+                 [tx = x.trace(), tw = w.trace(), tb = b.trace(), x0 = x.untraced(), w0 = w.untraced(), producer](
+                     detail::Tape& t, const Tensor<T, D>& dy) {
+                   Tensor<T, D> dz, db;
+                   if (producer->pending) {
+                     dz = producer->dz, db = producer->db;
+                     if (dy.defined()) dz = add(dz, detail::activation_backward(dy, producer->z, producer->act));
+                     if (dy.defined()) db = sum(dz, 0);
+                   } else {
+                     dz = detail::activation_backward(dy, producer->z, producer->act);
+                   }
+                   if (t.owns(tw) || t.owns(tb)) {
+                     if (db.defined()) {
+                       t.accumulate(tw, matmul(x0, dz, true, false));
+                       t.accumulate(tb, db);
+                     } else {
+                       auto [dw, dbias] = matmul_bgrad(x0, dz);
+                       t.accumulate(tw, dw);
+                       t.accumulate(tb, dbias);
+                     }
+                   }
+                   detail::linear_input_gradient(t, tx, dz, w0);
+                   producer->dz = producer->db = Tensor<T, D>{};  // free them early
+                 });
+  detail::active_tape->producer(y.trace().node) = producer;
+  return y;
 }
 
 /// Backward through a layer's activation, fused into the GEMM that produces its input gradient:

@@ -33,6 +33,30 @@ struct SoftmaxCrossEntropyFn {
   }
 };
 
+/// dlogits[r, k] = dloss[r] (softmax(logits[r])[k] - [k == label[r]]): softmax minus one-hot, per row.
+template <class T>
+struct SoftmaxCrossEntropyBackwardFn {
+  const T* logits;
+  const std::int32_t* labels;
+  const T* dloss;
+  T* dlogits;
+  std::int64_t n;
+  TG_HD void operator()(std::int64_t row) const {
+    using C = compute_t<T>;
+    const T* x = logits + row * n;
+    T* dx = dlogits + row * n;
+    C m = lowest<C>();
+    for (std::int64_t k = 0; k < n; ++k) m = MaxReducer{}.step(m, convert_from<C>(x[k]));
+    C s = C(0);
+    for (std::int64_t k = 0; k < n; ++k) s += math::exp(convert_from<C>(x[k]) - m);
+    const C g = convert_from<C>(dloss[row]), inv = C(1) / s;
+    for (std::int64_t k = 0; k < n; ++k) {
+      const C p = math::exp(convert_from<C>(x[k]) - m) * inv;
+      dx[k] = convert_to<T>(g * (p - (k == labels[row] ? C(1) : C(0))));
+    }
+  }
+};
+
 struct LabelOutOfRangeFn {
   const std::int32_t* labels;
   std::uint8_t* bad;
@@ -100,6 +124,14 @@ Tensor<T, D> softmax_cross_entropy_with_integer_labels(const Tensor<T, D>& logit
   detail::check_labels(labels, n, op);
   Tensor<T, D> loss(labels.shape());
   detail::index_map<D>(labels.size(), detail::SoftmaxCrossEntropyFn<T>{logits.data(), labels.data(), loss.data(), n});
+  if (detail::recording(logits)) {
+    detail::record(loss, {logits.trace()}, [in = logits.trace(), x0 = logits.untraced(), y = labels, n](
+                                               detail::Tape& t, const Tensor<T, D>& dloss) {
+      Tensor<T, D> dx(x0.shape());
+      detail::index_map<D>(y.size(), detail::SoftmaxCrossEntropyBackwardFn<T>{x0.data(), y.data(), dloss.data(), dx.data(), n});
+      t.accumulate(in, dx);
+    });
+  }
   return loss;
 }
 

@@ -159,7 +159,7 @@ Tensor<compute_t<T>, D> reduce_all_partials(const Tensor<T, D>& x, const char* o
   using C = compute_t<T>;
   check_defined(x, op);
   const std::int64_t n = x.size();
-  if (n <= reduce_chunk) return reduce_axis<R, C>(x.reshape(Shape{1, n}), 1, false, op).reshape(Shape{1});
+  if (n <= reduce_chunk) return reduce_axis<R, C>(x.untraced().reshape(Shape{1, n}), 1, false, op).reshape(Shape{1});
   // Pad conceptually: chunks of reduce_chunk, the last one shorter. Reduce full chunks as a (m, chunk)
   // view, the tail separately, in a fixed order.
   const std::int64_t full = n / reduce_chunk, tail = n - full * reduce_chunk;
@@ -169,25 +169,78 @@ Tensor<compute_t<T>, D> reduce_all_partials(const Tensor<T, D>& x, const char* o
   return partial;
 }
 
+template <Element T, Device D>
+Tensor<T, D> sum_to(const Tensor<T, D>& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  Tensor<T, D> r = g;
+  while (r.rank() > shape.rank()) r = sum(r, 0);
+  for (int d = 0; d < shape.rank(); ++d)
+    if (shape[d] == 1 && r.dim(d) != 1) r = sum(r, d, true);
+  return r.reshape(shape);
+}
+
+/// The cotangent of a reduction over `axis`, expanded back to the input's shape.
+template <Element T, Device D>
+Tensor<T, D> expand_reduced(const Tensor<T, D>& dy, const Shape& input, int axis) {
+  return broadcast_to(dy.reshape(reduced_shape(input, axis, true)), input);
+}
+
 }  // namespace detail
 
 /// Sum along `axis` (negative counts from the end); keepdims keeps it as size 1.
 template <Element T, Device D>
 Tensor<T, D> sum(const Tensor<T, D>& x, int axis, bool keepdims = false) {
-  return detail::reduce_axis<detail::SumReducer, T>(x, axis, keepdims, "sum");
+  Tensor<T, D> y = detail::reduce_axis<detail::SumReducer, T>(x, axis, keepdims, "sum");
+  if constexpr (FloatElement<T>) {
+    if (detail::recording(x)) {
+      const int a = x.shape().normalize_axis(axis, "sum");
+      detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape(), a](detail::Tape& t, const Tensor<T, D>& dy) {
+        t.accumulate(in, detail::expand_reduced(dy, s, a));
+      });
+    }
+  }
+  return y;
 }
 
 /// Mean along `axis`.
 template <FloatElement T, Device D>
 Tensor<T, D> mean(const Tensor<T, D>& x, int axis, bool keepdims = false) {
-  return detail::reduce_axis<detail::MeanReducer, T>(x, axis, keepdims, "mean");
+  Tensor<T, D> y = detail::reduce_axis<detail::MeanReducer, T>(x, axis, keepdims, "mean");
+  if (detail::recording(x)) {
+    const int a = x.shape().normalize_axis(axis, "mean");
+    detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape(), a](detail::Tape& t, const Tensor<T, D>& dy) {
+      t.accumulate(in, mul(detail::expand_reduced(dy, s, a), 1.0 / static_cast<double>(s[a])));
+    });
+  }
+  return y;
 }
+
+namespace detail {
+/// The cotangent of a max: to the elements equal to the maximum, shared evenly among ties (as JAX).
+template <Element T, Device D>
+Tensor<T, D> max_backward(const Tensor<T, D>& x, const Tensor<T, D>& y_expanded, const Tensor<T, D>& dy_expanded,
+                          const Tensor<T, D>& count_expanded) {
+  const auto mask = cast<T>(equal(x, y_expanded));
+  return div(mul(dy_expanded, mask), count_expanded);
+}
+}  // namespace detail
 
 /// Maximum along `axis` (NaN propagates).
 template <Element T, Device D>
 Tensor<T, D> max(const Tensor<T, D>& x, int axis, bool keepdims = false) {
   TG_CHECK(x.dim(axis) > 0, "max", "cannot take the maximum over an empty axis of shape ", x.shape().str());
-  return detail::reduce_axis<detail::MaxReducer, T>(x, axis, keepdims, "max");
+  Tensor<T, D> y = detail::reduce_axis<detail::MaxReducer, T>(x, axis, keepdims, "max");
+  if constexpr (FloatElement<T>) {
+    if (detail::recording(x)) {
+      const int a = x.shape().normalize_axis(axis, "max");
+      detail::record(y, {x.trace()}, [in = x.trace(), x0 = x.untraced(), y0 = y.untraced(), a](detail::Tape& t, const Tensor<T, D>& dy) {
+        const auto ye = detail::expand_reduced(y0, x0.shape(), a);
+        const auto count = detail::expand_reduced(sum(cast<T>(equal(x0, ye)), a), x0.shape(), a);
+        t.accumulate(in, detail::max_backward(x0, ye, detail::expand_reduced(dy, x0.shape(), a), count));
+      });
+    }
+  }
+  return y;
 }
 
 /// Index (int32) of the first maximum along `axis`.
@@ -210,6 +263,13 @@ Tensor<T, D> logsumexp(const Tensor<T, D>& x, int axis, bool keepdims = false) {
   const detail::AxisView v = detail::axis_view(x.shape(), a);
   Tensor<T, D> y(detail::reduced_shape(x.shape(), a, keepdims));
   detail::index_map<D>(y.size(), detail::LogSumExpAxisFn<T, T>{x.data(), y.data(), v.n, v.inner});
+  if (detail::recording(x)) {
+    // d logsumexp / dx = softmax(x) along the axis.
+    detail::record(y, {x.trace()}, [in = x.trace(), x0 = x.untraced(), y0 = y.untraced(), a](detail::Tape& t, const Tensor<T, D>& dy) {
+      const auto p = exp(sub(x0, detail::expand_reduced(y0, x0.shape(), a)));
+      t.accumulate(in, mul(detail::expand_reduced(dy, x0.shape(), a), p));
+    });
+  }
   return y;
 }
 
@@ -218,7 +278,15 @@ template <Element T, Device D>
 Tensor<T, D> sum(const Tensor<T, D>& x) {
   auto partial = detail::reduce_all_partials<detail::SumReducer>(x, "sum");
   while (partial.size() > 1) partial = detail::reduce_all_partials<detail::SumReducer>(partial, "sum");
-  return cast<T>(partial.reshape(Shape{}));
+  Tensor<T, D> y = cast<T>(partial.reshape(Shape{}));
+  if constexpr (FloatElement<T>) {
+    if (detail::recording(x)) {
+      detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape()](detail::Tape& t, const Tensor<T, D>& dy) {
+        t.accumulate(in, broadcast_to(dy, s));
+      });
+    }
+  }
+  return y;
 }
 
 /// Mean of all elements, as a 0-d tensor.
@@ -227,7 +295,13 @@ Tensor<T, D> mean(const Tensor<T, D>& x) {
   TG_CHECK(x.size() > 0, "mean", "the mean of an empty tensor is undefined (shape ", x.shape().str(), ")");
   auto total = detail::reduce_all_partials<detail::SumReducer>(x, "mean");
   while (total.size() > 1) total = detail::reduce_all_partials<detail::SumReducer>(total, "mean");
-  return cast<T>(mul(total.reshape(Shape{}), 1.0 / static_cast<double>(x.size())));
+  Tensor<T, D> y = cast<T>(mul(total.reshape(Shape{}), 1.0 / static_cast<double>(x.size())));
+  if (detail::recording(x)) {
+    detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape()](detail::Tape& t, const Tensor<T, D>& dy) {
+      t.accumulate(in, mul(broadcast_to(dy, s), 1.0 / static_cast<double>(s.numel())));
+    });
+  }
+  return y;
 }
 
 /// Maximum of all elements, as a 0-d tensor.
@@ -236,13 +310,23 @@ Tensor<T, D> max(const Tensor<T, D>& x) {
   TG_CHECK(x.size() > 0, "max", "cannot take the maximum of an empty tensor");
   auto partial = detail::reduce_all_partials<detail::MaxReducer>(x, "max");
   while (partial.size() > 1) partial = detail::reduce_all_partials<detail::MaxReducer>(partial, "max");
-  return cast<T>(partial.reshape(Shape{}));
+  Tensor<T, D> y = cast<T>(partial.reshape(Shape{}));
+  if constexpr (FloatElement<T>) {
+    if (detail::recording(x)) {
+      detail::record(y, {x.trace()}, [in = x.trace(), x0 = x.untraced(), y0 = y.untraced()](detail::Tape& t, const Tensor<T, D>& dy) {
+        const auto ye = broadcast_to(y0, x0.shape());
+        const auto count = broadcast_to(sum(cast<T>(equal(x0, ye))), x0.shape());
+        t.accumulate(in, detail::max_backward(x0, ye, broadcast_to(dy, x0.shape()), count));
+      });
+    }
+  }
+  return y;
 }
 
 /// Index (int32) of the first maximum of the flattened tensor, as a 0-d tensor.
 template <Element T, Device D>
 Tensor<std::int32_t, D> argmax(const Tensor<T, D>& x) {
-  return argmax(x.reshape({-1}), 0).reshape(Shape{});
+  return argmax(x.untraced().reshape({-1}), 0).reshape(Shape{});
 }
 
 /// softmax over the last axis: exp(x - max) / sum(exp(x - max)).
@@ -253,6 +337,12 @@ Tensor<T, D> softmax(const Tensor<T, D>& x) {
   const std::int64_t n = x.dim(-1);
   Tensor<T, D> y(x.shape());
   detail::index_map<D>(n ? x.size() / n : 0, detail::SoftmaxRowFn<T, false>{x.data(), y.data(), n});
+  if (detail::recording(x)) {
+    // dx = y * (dy - sum(dy * y)) along the last axis.
+    detail::record(y, {x.trace()}, [in = x.trace(), y0 = y.untraced()](detail::Tape& t, const Tensor<T, D>& dy) {
+      t.accumulate(in, mul(y0, sub(dy, sum(mul(dy, y0), -1, true))));
+    });
+  }
   return y;
 }
 
@@ -264,6 +354,12 @@ Tensor<T, D> log_softmax(const Tensor<T, D>& x) {
   const std::int64_t n = x.dim(-1);
   Tensor<T, D> y(x.shape());
   detail::index_map<D>(n ? x.size() / n : 0, detail::SoftmaxRowFn<T, true>{x.data(), y.data(), n});
+  if (detail::recording(x)) {
+    // dx = dy - softmax(x) * sum(dy) along the last axis.
+    detail::record(y, {x.trace()}, [in = x.trace(), y0 = y.untraced()](detail::Tape& t, const Tensor<T, D>& dy) {
+      t.accumulate(in, sub(dy, mul(exp(y0), sum(dy, -1, true))));
+    });
+  }
   return y;
 }
 
