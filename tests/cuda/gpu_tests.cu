@@ -3,3 +3,4 @@
 #include "../test_tensor.cpp"
 #include "../test_random.cpp"
 #include "../test_ops.cpp"
+#include "../test_autodiff.cpp"

@@ -86,8 +86,18 @@ concept Registered = requires(T& t) { tg_pytree_visit(NullVisitor{}, t); };
 
 /// Appends a child's name to a path: "enc" + "w" -> "enc.w"; "[0]" attaches directly.
 inline std::string child_path(const std::string& parent, const std::string& child) {
-  if (parent.empty()) return child;
-  return child.front() == '[' ? parent + child : parent + "." + child;
+  std::string p;
+  p.reserve(parent.size() + child.size() + 1);
+  p.append(parent);
+  if (!parent.empty() && child.front() != '[') p.push_back('.');
+  p.append(child);
+  return p;
+}
+
+inline std::string index_path(const std::string& parent, std::size_t i) {
+  std::string c(1, '[');
+  c.append(std::to_string(i)).push_back(']');
+  return child_path(parent, c);
 }
 
 template <class F, class First, class... Rest>
@@ -95,7 +105,7 @@ void visit_leaves(F& f, const std::string& path, First& first, Rest&... rest);
 
 template <std::size_t I, class F, class First, class... Rest>
 void visit_tuple_element(F& f, const std::string& path, First& first, Rest&... rest) {
-  visit_leaves(f, child_path(path, "[" + std::to_string(I) + "]"), std::get<I>(first), std::get<I>(rest)...);
+  visit_leaves(f, index_path(path, I), std::get<I>(first), std::get<I>(rest)...);
 }
 
 /// Calls f(path, leaf, other_leaves...) for every Tensor leaf of `first` and the same leaves of `rest`.
@@ -105,13 +115,13 @@ void visit_leaves(F& f, const std::string& path, First& first, Rest&... rest) {
   if constexpr (is_tensor<X>::value) {
     f(path, first, rest...);
   } else if constexpr (is_std_array<X>::value) {
-    for (std::size_t i = 0; i < first.size(); ++i) visit_leaves(f, child_path(path, "[" + std::to_string(i) + "]"), first[i], rest[i]...);
+    for (std::size_t i = 0; i < first.size(); ++i) visit_leaves(f, index_path(path, i), first[i], rest[i]...);
   } else if constexpr (is_std_vector<X>::value) {
     ((rest.size() == first.size() ? void()
                                    : fail("tree", "structures differ at '", path.empty() ? "<root>" : path, "': a list of ",
                                           first.size(), " vs one of ", rest.size(), " elements")),
      ...);
-    for (std::size_t i = 0; i < first.size(); ++i) visit_leaves(f, child_path(path, "[" + std::to_string(i) + "]"), first[i], rest[i]...);
+    for (std::size_t i = 0; i < first.size(); ++i) visit_leaves(f, index_path(path, i), first[i], rest[i]...);
   } else if constexpr (is_tuple_like<X>::value) {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (visit_tuple_element<I>(f, path, first, rest...), ...);
