@@ -52,13 +52,10 @@ auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
     return f(std::as_const(traced), std::forward<Args>(args)...);
   }();
 
-  auto& loss = [&]() -> auto& {
-    if constexpr (Aux) {
-      static_assert(is_pair<Out>::value, "value_and_grad(f, tg::has_aux): f must return std::pair{loss, aux}");
-      return out.first;
-    } else {
-      return out;
-    }
+  if constexpr (Aux) static_assert(is_pair<Out>::value, "value_and_grad(f, tg::has_aux): f must return std::pair{loss, aux}");
+  auto& loss = *[&] {
+    if constexpr (Aux) return &out.first;
+    else return &out;
   }();
   using Loss = std::remove_cvref_t<decltype(loss)>;
   static_assert(is_tensor<Loss>::value && FloatElement<typename Loss::value_type>,
