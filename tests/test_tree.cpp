@@ -1,0 +1,92 @@
+// Pytrees: registration of structs and class templates, containers, paths, counts, maps, norms.
+#include "test_common.hpp"
+
+#include <array>
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+using Catch::Matchers::Contains;
+
+namespace tree_test {
+
+template <class D>
+struct Dense {
+  tg::Tensor<float, D> w, b;
+};
+TG_PYTREE(Dense, w, b)
+
+struct Encoder {
+  std::vector<Dense<tg::Cpu>> layers;
+  std::array<tg::Tensor<double>, 2> scales;
+  std::tuple<tg::Tensor<std::int32_t>, Dense<tg::Cpu>> extra;
+};
+TG_PYTREE(Encoder, layers, scales, extra)
+
+struct Model {
+  Encoder enc;
+  tg::Tensor<tg::bf16> head;
+};
+TG_PYTREE(Model, enc, head)
+
+Model make_model() {
+  const Dense<tg::Cpu> l0{tg::full<float>({2, 3}, 1.0f), tg::full<float>({3}, 2.0f)};
+  const Dense<tg::Cpu> l1{tg::full<float>({3, 1}, -1.0f), tg::full<float>({1}, 0.5f)};
+  return {{{l0, l1}, {tg::full<double>({2}, 3.0), tg::full<double>({}, 4.0)},
+           {tg::full<std::int32_t>({2}, 7), Dense<tg::Cpu>{tg::ones<float>({1}), tg::ones<float>({1})}}},
+          tg::full<tg::bf16>({2}, tg::bf16(0.5f))};
+}
+
+}  // namespace tree_test
+
+using tree_test::make_model;
+
+TEST_CASE("paths, leaves and counts follow the declared order", "[tree]") {
+  const auto m = make_model();
+  const std::vector<std::string> want{"enc.layers[0].w", "enc.layers[0].b", "enc.layers[1].w", "enc.layers[1].b",
+                                      "enc.scales[0]",   "enc.scales[1]",   "enc.extra[0]",    "enc.extra[1].w",
+                                      "enc.extra[1].b",  "head"};
+  CHECK(tg::tree_paths(m) == want);
+  const auto leaves = tg::tree_leaves(m);
+  REQUIRE(leaves.size() == 10);
+  CHECK(std::get<tg::Tensor<float>>(leaves[0]).data() == m.enc.layers[0].w.data());  // shared, not copied
+  CHECK(std::holds_alternative<tg::Tensor<std::int32_t>>(leaves[6]));
+  CHECK(tg::tree_count(m) == 6 + 3 + 3 + 1 + 2 + 1 + 2 + 1 + 1 + 2);
+  static_assert(std::is_same_v<tg::tree_device_t<tree_test::Model>, tg::Cpu>);
+  static_assert(std::is_same_v<tg::tree_device_t<tree_test::Dense<tg::Cuda>>, tg::Cuda>);
+}
+
+TEST_CASE("tree_map, zeros_like, global_norm and all_close", "[tree]") {
+  const auto m = make_model();
+  const auto doubled = tg::tree_map([](const auto& a) { return tg::add(a, a); }, m);
+  static_assert(std::is_same_v<decltype(doubled), const tree_test::Model>);
+  CHECK(doubled.enc.layers[1].w.to_vector() == std::vector<float>(3, -2.0f));
+  CHECK(std::get<0>(doubled.enc.extra).to_vector() == std::vector<std::int32_t>{14, 14});
+  const auto sum2 = tg::tree_map([](const auto& a, const auto& b) { return tg::add(a, b); }, m, doubled);
+  CHECK(sum2.head.to_vector()[0].bits == tg::bf16(1.5f).bits);
+
+  const auto z = tg::tree_zeros_like(m);
+  CHECK(tg::tree_count(z) == tg::tree_count(m));
+  CHECK(z.enc.scales[1].shape() == tg::Shape{});
+  CHECK(z.enc.layers[0].w.to_vector() == std::vector<float>(6, 0.0f));
+
+  // Floating leaves only (the int32 leaf is skipped): 6*1 + 3*4 + 3*1 + 0.25 + 2*9 + 16 + 1 + 1 + 2*0.25.
+  const double want = std::sqrt(6 * 1.0 + 3 * 4.0 + 3 * 1.0 + 0.25 + 2 * 9.0 + 16.0 + 1.0 + 1.0 + 2 * 0.25);
+  const auto norm = tg::global_norm(m);
+  static_assert(std::is_same_v<decltype(norm), const tg::Tensor<float, tg::Cpu>>);
+  CHECK(norm.rank() == 0);
+  CHECK(norm.item() == Approx(want).epsilon(1e-6));
+
+  std::string why;
+  CHECK(tg::tree_all_close(m, m, 0.0, 0.0));
+  CHECK_FALSE(tg::tree_all_close(m, doubled, 1e-5, 1e-8, &why));
+  CHECK(why == "enc.layers[0].w[0]: 1 vs 2");
+}
+
+TEST_CASE("mismatched structures are errors that name the path", "[tree][errors]") {
+  auto a = make_model();
+  auto b = make_model();
+  b.enc.layers.pop_back();
+  CHECK_THROWS_WITH(tg::tree_map([](const auto& x, const auto&) { return x; }, a, b),
+                    Contains("[tree] structures differ at 'enc.layers': a list of 2 vs one of 1 elements"));
+}
