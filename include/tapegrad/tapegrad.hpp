@@ -19,3 +19,4 @@
 #include "tapegrad/tree/pytree.hpp"
 #include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/autodiff/check_grads.hpp"
+#include "tapegrad/optim/optim.hpp"

@@ -4,3 +4,4 @@
 #include "../test_random.cpp"
 #include "../test_ops.cpp"
 #include "../test_autodiff.cpp"
+#include "../test_optim.cpp"

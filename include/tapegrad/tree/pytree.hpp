@@ -112,7 +112,8 @@ void visit_tuple_element(F& f, const std::string& path, First& first, Rest&... r
 template <class F, class First, class... Rest>
 void visit_leaves(F& f, const std::string& path, First& first, Rest&... rest) {
   using X = std::remove_const_t<First>;
-  if constexpr (is_tensor<X>::value) {
+  if constexpr (is_tensor<X>::value || std::is_same_v<X, bool>) {
+    // bool leaves exist for masks (a tree of the parameters' field names saying which leaves to touch).
     f(path, first, rest...);
   } else if constexpr (is_std_array<X>::value) {
     for (std::size_t i = 0; i < first.size(); ++i) visit_leaves(f, index_path(path, i), first[i], rest[i]...);

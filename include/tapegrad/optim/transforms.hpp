@@ -1,0 +1,412 @@
+// The atoms, with Optax's names and numerics: identity, scale, scale_by_adam, add_decayed_weights,
+// scale_by_learning_rate, scale_by_schedule, trace, clip, clip_by_global_norm. Each runs on the
+// parameters' device; counts, schedules and norms stay there (no host round trip inside update).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "tapegrad/optim/base.hpp"
+#include "tapegrad/optim/schedule.hpp"
+
+namespace tg::optim {
+
+// ---- states (pytrees, so they checkpoint and tree_map like parameters) ----
+
+/// State of scale_by_adam: the step count and the first and second moments.
+template <class Params>
+struct ScaleByAdamState {
+  Count<Params> count;
+  Params mu, nu;
+};
+TG_PYTREE(ScaleByAdamState, count, mu, nu)
+
+/// State of trace: the momentum buffer.
+template <class Params>
+struct TraceState {
+  Params trace;
+};
+TG_PYTREE(TraceState, trace)
+
+/// State of scale_by_schedule (and scale_by_learning_rate with a schedule): the step count.
+template <class Params>
+struct ScaleByScheduleState {
+  Count<Params> count;
+};
+TG_PYTREE(ScaleByScheduleState, count)
+
+namespace detail {
+
+using ::tg::detail::convert_from;
+using ::tg::detail::convert_to;
+
+template <class L> using leaf_value_t = typename std::remove_cvref_t<L>::value_type;
+template <class L> using leaf_device_t = typename std::remove_cvref_t<L>::device_type;
+
+/// Applies f to the floating leaves of a tree (others pass through), returning a tree of the same type.
+template <class F, class Tree, class... Rest>
+Tree map_float_leaves(F&& f, const Tree& tree, const Rest&... rest) {
+  return tree_map([&](const auto& leaf, const auto&... others) {
+    using L = std::remove_cvref_t<decltype(leaf)>;
+    if constexpr (FloatElement<typename L::value_type>) return L(f(leaf, others...));
+    else return leaf;
+  }, tree, rest...);
+}
+
+template <class T>
+struct AdamFn {
+  const T* g;
+  const T* mu_in;
+  const T* nu_in;
+  const std::int32_t* count;  // already incremented
+  T* mu_out;
+  T* nu_out;
+  T* update;
+  double b1, b2, eps, eps_root;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    const C gv = convert_from<C>(g[i]);
+    // optax.tree.update_moment: (1 - decay) g^order + decay t, in the moment's dtype.
+    const T m = convert_to<T>(C(1.0 - b1) * gv + C(b1) * convert_from<C>(mu_in[i]));
+    const T v = convert_to<T>(C(1.0 - b2) * (gv * gv) + C(b2) * convert_from<C>(nu_in[i]));
+    // Bias correction t / (1 - decay^count) with the incremented count.
+    const C c = C(count[0]);
+    const C m_hat = convert_from<C>(m) / (C(1) - math::pow(C(b1), c));
+    const C v_hat = convert_from<C>(v) / (C(1) - math::pow(C(b2), c));
+    mu_out[i] = m;
+    nu_out[i] = v;
+    // eps outside the square root, eps_root inside (Optax's defaults: 1e-8 and 0).
+    update[i] = convert_to<T>(m_hat / (math::sqrt(v_hat + C(eps_root)) + C(eps)));
+  }
+};
+
+template <class T>
+struct DecayFn {
+  const T* g;
+  const T* p;
+  T* out;
+  double weight_decay;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    out[i] = convert_to<T>(convert_from<C>(g[i]) + C(weight_decay) * convert_from<C>(p[i]));
+  }
+};
+
+/// value[0] = schedule(count[0]), once, on the device.
+template <class S>
+struct EvalScheduleFn {
+  S schedule;
+  const std::int32_t* count;
+  double sign;
+  double* value;
+  TG_HD void operator()(std::int64_t) const { value[0] = sign * schedule(static_cast<std::int64_t>(count[0])); }
+};
+
+template <class T>
+struct ScaleByDeviceScalarFn {
+  const T* g;
+  const double* step;
+  T* out;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    out[i] = convert_to<T>(C(step[0]) * convert_from<C>(g[i]));
+  }
+};
+
+template <class T>
+struct TraceFn {
+  const T* g;
+  const T* t_in;
+  T* t_out;
+  T* update;
+  double decay;
+  bool nesterov;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    const C gv = convert_from<C>(g[i]);
+    const T t = convert_to<T>(gv + C(decay) * convert_from<C>(t_in[i]));
+    t_out[i] = t;
+    update[i] = nesterov ? convert_to<T>(gv + C(decay) * convert_from<C>(t)) : t;
+  }
+};
+
+template <class T>
+struct ClipFn {
+  const T* g;
+  T* out;
+  double max_delta;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    const C v = convert_from<C>(g[i]), d = C(max_delta);
+    out[i] = convert_to<T>(v < -d ? -d : (v > d ? d : v));
+  }
+};
+
+template <class T>
+struct ClipByNormFn {
+  const T* g;
+  const float* norm;
+  T* out;
+  double max_norm;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    const C n = C(norm[0]);
+    // optax: select(norm < max_norm, t, (t / norm) * max_norm).
+    out[i] = norm[0] < static_cast<float>(max_norm) ? g[i] : convert_to<T>((convert_from<C>(g[i]) / n) * C(max_norm));
+  }
+};
+
+template <class Params>
+using device_of = tree_device_t<Params>;
+
+/// Evaluates `schedule` (times sign) at the device-side count, into a 0-d double on the device.
+template <class S, Device D>
+Tensor<double, D> eval_schedule(const S& schedule, const Tensor<std::int32_t, D>& count, double sign) {
+  Tensor<double, D> v(Shape{});
+  ::tg::detail::index_map<D>(1, EvalScheduleFn<S>{schedule, count.data(), sign, v.data()});
+  return v;
+}
+
+template <class Leaf>
+Leaf scale_by_device_scalar(const Leaf& g, const Tensor<double, leaf_device_t<Leaf>>& step) {
+  Leaf out(g.shape());
+  ::tg::detail::index_map<leaf_device_t<Leaf>>(g.size(), ScaleByDeviceScalarFn<leaf_value_t<Leaf>>{g.data(), step.data(), out.data()});
+  return out;
+}
+
+/// Which leaves a mask selects: a predicate on the leaf path, or a pytree with the parameters' field
+/// names whose leaves are bool (true: apply).
+template <class Mask, class Params>
+std::function<bool(const std::string&)> mask_predicate(const Mask& mask, const Params& params) {
+  if constexpr (std::is_invocable_r_v<bool, const Mask&, const std::string&>) {
+    return mask;
+  } else {
+    (void)params;
+    std::set<std::string> on;
+    tree_for_each([&](const std::string& path, const bool& apply) {
+      if (apply) on.insert(path);
+    }, mask);
+    return [on](const std::string& path) { return on.count(path) > 0; };
+  }
+}
+
+}  // namespace detail
+
+/// Passes updates through.
+struct Identity {
+  template <class Params> EmptyState init(const Params&) const { return {}; }
+  template <class Params>
+  std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
+    return {updates, {}};
+  }
+};
+inline Identity identity() { return {}; }
+
+/// updates * step_size.
+struct Scale {
+  double step_size = 1.0;
+  template <class Params> EmptyState init(const Params&) const { return {}; }
+  template <class Params>
+  std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
+    return {detail::map_float_leaves([&](const auto& g) { return mul(g, step_size); }, updates), {}};
+  }
+};
+inline Scale scale(double step_size) {
+  TG_CHECK(std::isfinite(step_size), "scale", "step_size must be finite, got ", step_size);
+  return {step_size};
+}
+
+/// Adam's rescaling (Kingma & Ba): moments with decay b1, b2, bias-corrected with the incremented count;
+/// updates m_hat / (sqrt(v_hat + eps_root) + eps).
+struct ScaleByAdam {
+  double b1 = 0.9, b2 = 0.999, eps = 1e-8, eps_root = 0.0;
+  template <class Params>
+  ScaleByAdamState<Params> init(const Params& params) const {
+    return {detail::zero_count<detail::device_of<Params>>(), tree_zeros_like(params), tree_zeros_like(params)};
+  }
+  template <class Params>
+  std::pair<Params, ScaleByAdamState<Params>> update(const Params& updates, const ScaleByAdamState<Params>& state,
+                                                      const Params&) const {
+    ScaleByAdamState<Params> next{detail::increment(state.count), state.mu, state.nu};
+    Params out = updates;
+    tree_for_each([&](const std::string&, auto& o, auto& mu, auto& nu, const auto& g, const auto& mu0, const auto& nu0) {
+      using L = std::remove_cvref_t<decltype(o)>;
+      using T = typename L::value_type;
+      if constexpr (FloatElement<T>) {
+        L u(g.shape()), m(g.shape()), v(g.shape());
+        ::tg::detail::index_map<typename L::device_type>(
+            g.size(), detail::AdamFn<T>{g.data(), mu0.data(), nu0.data(), next.count.data(), m.data(), v.data(), u.data(), b1, b2, eps, eps_root});
+        o = u, mu = m, nu = v;
+      }
+    }, out, next.mu, next.nu, updates, state.mu, state.nu);
+    return {out, next};
+  }
+};
+
+/// scale_by_adam with its hyperparameters checked; `who` names the caller in errors.
+inline ScaleByAdam scale_by_adam(double b1 = 0.9, double b2 = 0.999, double eps = 1e-8, double eps_root = 0.0,
+                                 const char* who = "scale_by_adam") {
+  TG_CHECK(b1 >= 0.0 && b1 < 1.0, who, "b1 must be in [0, 1), got ", b1);
+  TG_CHECK(b2 >= 0.0 && b2 < 1.0, who, "b2 must be in [0, 1), got ", b2);
+  TG_CHECK(eps >= 0.0 && std::isfinite(eps), who, "eps must be finite and >= 0, got ", eps);
+  TG_CHECK(eps_root >= 0.0 && std::isfinite(eps_root), who, "eps_root must be finite and >= 0, got ", eps_root);
+  TG_CHECK(eps > 0.0 || eps_root > 0.0, who, "eps and eps_root cannot both be 0: the update divides by sqrt(v_hat)");
+  return {b1, b2, eps, eps_root};
+}
+
+/// A mask that selects every leaf.
+struct AllLeaves {
+  bool operator()(const std::string&) const { return true; }
+};
+
+/// updates + weight_decay * params, on the leaves the mask selects (Optax: decoupled weight decay;
+/// in adamw it is scaled by the learning rate afterwards, unlike the AdamW paper's wd * lr schedule).
+template <class Mask = AllLeaves>
+struct AddDecayedWeights {
+  double weight_decay = 0.0;
+  Mask mask{};
+  template <class Params> EmptyState init(const Params&) const { return {}; }
+  template <class Params>
+  std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params& params) const {
+    TG_CHECK(params_given(params), "add_decayed_weights", "needs the parameters: pass them as update()'s third argument");
+    if (weight_decay == 0.0) return {updates, {}};  // optax skips a zero constant
+    const auto selected = detail::mask_predicate(mask, params);
+    Params out = updates;
+    tree_for_each([&](const std::string& path, auto& o, const auto& g, const auto& p) {
+      using L = std::remove_cvref_t<decltype(o)>;
+      using T = typename L::value_type;
+      if constexpr (FloatElement<T>) {
+        if (!selected(path)) return;
+        L u(g.shape());
+        ::tg::detail::index_map<typename L::device_type>(g.size(), detail::DecayFn<T>{g.data(), p.data(), u.data(), weight_decay});
+        o = u;
+      }
+    }, out, updates, params);
+    return {out, {}};
+  }
+
+ private:
+  template <class Params>
+  static bool params_given(const Params& params) {
+    bool ok = true;
+    tree_for_each([&](const std::string&, const auto& p) { ok = ok && p.defined(); }, params);
+    return ok;
+  }
+};
+
+template <class Mask = AllLeaves>
+AddDecayedWeights<Mask> add_decayed_weights(double weight_decay, Mask mask = {}) {
+  TG_CHECK(weight_decay >= 0.0 && std::isfinite(weight_decay), "add_decayed_weights", "weight_decay must be finite and >= 0, got ",
+           weight_decay);
+  return {weight_decay, std::move(mask)};
+}
+
+/// updates * schedule(count), then count + 1 (Optax's scale_by_schedule); sign -1 for a learning rate.
+template <Schedule S>
+struct ScaleBySchedule {
+  S schedule;
+  double sign = 1.0;
+  template <class Params>
+  ScaleByScheduleState<Params> init(const Params&) const {
+    return {detail::zero_count<detail::device_of<Params>>()};
+  }
+  template <class Params>
+  std::pair<Params, ScaleByScheduleState<Params>> update(const Params& updates, const ScaleByScheduleState<Params>& state,
+                                                          const Params&) const {
+    const auto step = detail::eval_schedule(schedule, state.count, sign);
+    Params out = detail::map_float_leaves([&](const auto& g) { return detail::scale_by_device_scalar(g, step); }, updates);
+    return {out, {detail::increment(state.count)}};
+  }
+};
+
+template <Schedule S>
+ScaleBySchedule<S> scale_by_schedule(S schedule) {
+  return {schedule, 1.0};
+}
+
+/// -learning_rate * updates: a constant (Scale) or a schedule evaluated on the device at the count.
+inline Scale scale_by_learning_rate(double learning_rate) {
+  TG_CHECK(std::isfinite(learning_rate), "scale_by_learning_rate", "learning_rate must be finite, got ", learning_rate);
+  return {-learning_rate};
+}
+template <Schedule S>
+ScaleBySchedule<S> scale_by_learning_rate(S schedule) {
+  return {schedule, -1.0};
+}
+
+/// Momentum: trace = updates + decay * trace; updates = trace, or updates + decay * trace (Nesterov).
+struct Trace {
+  double decay = 0.9;
+  bool nesterov = false;
+  template <class Params>
+  TraceState<Params> init(const Params& params) const {
+    return {tree_zeros_like(params)};
+  }
+  template <class Params>
+  std::pair<Params, TraceState<Params>> update(const Params& updates, const TraceState<Params>& state, const Params&) const {
+    TraceState<Params> next{state.trace};
+    Params out = updates;
+    tree_for_each([&](const std::string&, auto& o, auto& t, const auto& g, const auto& t0) {
+      using L = std::remove_cvref_t<decltype(o)>;
+      using T = typename L::value_type;
+      if constexpr (FloatElement<T>) {
+        L u(g.shape()), tn(g.shape());
+        ::tg::detail::index_map<typename L::device_type>(g.size(), detail::TraceFn<T>{g.data(), t0.data(), tn.data(), u.data(), decay, nesterov});
+        o = u, t = tn;
+      }
+    }, out, next.trace, updates, state.trace);
+    return {out, next};
+  }
+};
+inline Trace trace(double decay, bool nesterov = false) {
+  TG_CHECK(decay >= 0.0 && std::isfinite(decay), "trace", "decay (momentum) must be finite and >= 0, got ", decay);
+  return {decay, nesterov};
+}
+
+/// Clips every update element to [-max_delta, max_delta].
+struct Clip {
+  double max_delta = 1.0;
+  template <class Params> EmptyState init(const Params&) const { return {}; }
+  template <class Params>
+  std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
+    return {detail::map_float_leaves([&](const auto& g) {
+              using L = std::remove_cvref_t<decltype(g)>;
+              L u(g.shape());
+              ::tg::detail::index_map<typename L::device_type>(g.size(), detail::ClipFn<typename L::value_type>{g.data(), u.data(), max_delta});
+              return u;
+            }, updates),
+            {}};
+  }
+};
+inline Clip clip(double max_delta) {
+  TG_CHECK(max_delta >= 0.0, "clip", "max_delta must be >= 0, got ", max_delta);
+  return {max_delta};
+}
+
+/// Rescales the updates to global norm max_norm when their global norm exceeds it (computed on the device).
+struct ClipByGlobalNorm {
+  double max_norm = 1.0;
+  template <class Params> EmptyState init(const Params&) const { return {}; }
+  template <class Params>
+  std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
+    const auto norm = global_norm(updates);
+    return {detail::map_float_leaves([&](const auto& g) {
+              using L = std::remove_cvref_t<decltype(g)>;
+              L u(g.shape());
+              ::tg::detail::index_map<typename L::device_type>(g.size(), detail::ClipByNormFn<typename L::value_type>{g.data(), norm.data(), u.data(), max_norm});
+              return u;
+            }, updates),
+            {}};
+  }
+};
+inline ClipByGlobalNorm clip_by_global_norm(double max_norm) {
+  TG_CHECK(max_norm > 0.0, "clip_by_global_norm", "max_norm must be > 0, got ", max_norm);
+  return {max_norm};
+}
+
+}  // namespace tg::optim

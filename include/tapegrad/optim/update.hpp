@@ -1,0 +1,181 @@
+// apply_updates, and the fused multi-tensor AdamW: the chained adamw's arithmetic in one pass over all
+// leaves (one OpenMP loop on the CPU, one kernel launch per 32 leaves on CUDA), with the same state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tapegrad/optim/alias.hpp"
+
+namespace tg::optim {
+
+namespace detail {
+
+template <class T>
+struct AddCastFn {
+  const T* p;
+  const T* u;
+  T* out;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    out[i] = ::tg::detail::convert_to<T>(::tg::detail::convert_from<C>(p[i]) + ::tg::detail::convert_from<C>(u[i]));
+  }
+};
+
+}  // namespace detail
+
+/// params + updates, leaf by leaf, in the parameters' dtype (optax.apply_updates).
+template <class Params>
+Params apply_updates(const Params& params, const Params& updates) {
+  return tree_map([](const auto& p, const auto& u) {
+    using L = std::remove_cvref_t<decltype(p)>;
+    using T = typename L::value_type;
+    if constexpr (FloatElement<T>) {
+      TG_CHECK(p.shape() == u.shape(), "apply_updates", "update of shape ", u.shape().str(), " for a parameter of shape ", p.shape().str());
+      L out(p.shape());
+      ::tg::detail::index_map<typename L::device_type>(p.size(), detail::AddCastFn<T>{p.data(), u.data(), out.data()});
+      return out;
+    } else {
+      return p;
+    }
+  }, params, updates);
+}
+
+namespace detail {
+
+/// Up to 32 leaves of one dtype, passed to the kernel by value (no host-to-device copy, so the launch can
+/// be captured in a CUDA Graph); a flat index finds its leaf by binary search over the offsets.
+template <class T>
+struct AdamWLeaves {
+  static constexpr int capacity = 32;
+  int n = 0;
+  std::int64_t offset[capacity + 1] = {};
+  const T* g[capacity] = {};
+  const T* p[capacity] = {};
+  const T* mu_in[capacity] = {};
+  const T* nu_in[capacity] = {};
+  T* mu_out[capacity] = {};
+  T* nu_out[capacity] = {};
+  T* update[capacity] = {};
+  bool decay[capacity] = {};
+};
+
+/// One element of the fused AdamW: exactly the chained form's operations, in its order and roundings.
+template <class T>
+struct FusedAdamWFn {
+  AdamWLeaves<T> leaves;
+  const std::int32_t* count;  // incremented
+  const double* step;         // -lr(count) when a schedule, else unused
+  bool scheduled;
+  double lr, b1, b2, eps, eps_root, weight_decay;
+  TG_HD void operator()(std::int64_t flat) const {
+    using C = compute_t<T>;
+    int lo = 0, hi = leaves.n - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (leaves.offset[mid] <= flat) lo = mid;
+      else hi = mid - 1;
+    }
+    const int k = lo;
+    const std::int64_t i = flat - leaves.offset[k];
+    T u;
+    AdamFn<T>{leaves.g[k] + i, leaves.mu_in[k] + i, leaves.nu_in[k] + i, count, leaves.mu_out[k] + i, leaves.nu_out[k] + i, &u,
+              b1, b2, eps, eps_root}(0);
+    if (leaves.decay[k] && weight_decay != 0.0) {
+      T d;
+      DecayFn<T>{&u, leaves.p[k] + i, &d, weight_decay}(0);
+      u = d;
+    }
+    // scale_by_learning_rate: Scale(-lr) multiplies as mul(g, -lr); a schedule as step * g.
+    leaves.update[k][i] = scheduled ? ::tg::detail::convert_to<T>(C(step[0]) * ::tg::detail::convert_from<C>(u))
+                                    : ::tg::detail::convert_to<T>(::tg::detail::convert_from<C>(u) * C(-lr));
+  }
+};
+
+template <class LR>
+struct LearningRate {
+  using type = decltype(scale_by_learning_rate(std::declval<LR>()));
+};
+
+}  // namespace detail
+
+/// adamw as one fused pass over all leaves. Same hyperparameters, same state type (so the two are
+/// interchangeable mid-training) and the same arithmetic as the chained adamw: equal bit for bit on the CPU.
+template <class LR, class Mask = AllLeaves>
+struct FusedAdamW {
+  using Chained = decltype(adamw(std::declval<LR>(), AdamWOptions{}, std::declval<Mask>()));
+  Chained chained;  // holds the validated hyperparameters and the mask
+  LR learning_rate;
+  AdamWOptions options;
+  Mask mask;
+
+  template <class Params>
+  auto init(const Params& params) const {
+    return chained.init(params);
+  }
+
+  template <class Params, class State>
+  std::pair<Params, State> update(const Params& updates, const State& state, const Params& params) const {
+    using D = tree_device_t<Params>;
+    const auto& adam_state = std::get<0>(state);
+    State next = state;
+    auto& adam_next = std::get<0>(next);
+    adam_next.count = detail::increment(adam_state.count);
+    Tensor<double, D> step;
+    if constexpr (Schedule<LR>) {
+      auto& sched = std::get<2>(next);
+      step = detail::eval_schedule(learning_rate, std::get<2>(state).count, -1.0);
+      sched.count = detail::increment(std::get<2>(state).count);
+    }
+    const auto selected = detail::mask_predicate(mask, params);
+    Params out = updates;
+    // Leaves grouped by dtype, 32 per launch.
+    auto run = [&]<class T>(detail::AdamWLeaves<T>& batch) {
+      if (batch.n == 0) return;
+      double lr = 0.0;
+      if constexpr (!Schedule<LR>) lr = learning_rate;
+      ::tg::detail::index_map<D>(batch.offset[batch.n], detail::FusedAdamWFn<T>{batch, adam_next.count.data(), step.defined() ? step.data() : nullptr,
+                                                                               Schedule<LR>, lr, options.b1, options.b2, options.eps,
+                                                                               options.eps_root, options.weight_decay});
+      batch = detail::AdamWLeaves<T>{};
+    };
+    detail::AdamWLeaves<float> f32;
+    detail::AdamWLeaves<double> f64;
+    detail::AdamWLeaves<bf16> b16;
+    tree_for_each([&](const std::string& path, auto& o, auto& mu, auto& nu, const auto& g, const auto& p, const auto& mu0, const auto& nu0) {
+      using L = std::remove_cvref_t<decltype(o)>;
+      using T = typename L::value_type;
+      if constexpr (FloatElement<T>) {
+        auto& batch = [&]() -> detail::AdamWLeaves<T>& {
+          if constexpr (std::is_same_v<T, float>) return f32;
+          else if constexpr (std::is_same_v<T, double>) return f64;
+          else return b16;
+        }();
+        L u(g.shape()), m(g.shape()), v(g.shape());
+        const int k = batch.n++;
+        batch.g[k] = g.data(), batch.p[k] = p.data(), batch.mu_in[k] = mu0.data(), batch.nu_in[k] = nu0.data();
+        batch.mu_out[k] = m.data(), batch.nu_out[k] = v.data(), batch.update[k] = u.data();
+        batch.decay[k] = selected(path);
+        batch.offset[k + 1] = batch.offset[k] + g.size();
+        o = u, mu = m, nu = v;
+        if (batch.n == detail::AdamWLeaves<T>::capacity) run(batch);
+      }
+    }, out, adam_next.mu, adam_next.nu, updates, params, adam_state.mu, adam_state.nu);
+    run(f32);
+    run(f64);
+    run(b16);
+    return {out, next};
+  }
+};
+
+/// The fused fast path of adamw(lr, options, mask); interchangeable with it (same state).
+template <class LR, class Mask = AllLeaves>
+FusedAdamW<LR, Mask> fused_adamw(LR learning_rate, AdamWOptions o = {}, Mask mask = {}) {
+  auto chained = adamw(learning_rate, o, mask);
+  return {std::move(chained), learning_rate, o, std::move(mask)};
+}
+
+}  // namespace tg::optim
