@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -142,18 +143,12 @@ struct FusedAdamW {
                                                                                options.eps_root, options.weight_decay});
       batch = detail::AdamWLeaves<T>{};
     };
-    detail::AdamWLeaves<float> f32;
-    detail::AdamWLeaves<double> f64;
-    detail::AdamWLeaves<bf16> b16;
+    std::tuple<detail::AdamWLeaves<float>, detail::AdamWLeaves<double>, detail::AdamWLeaves<bf16>> batches;
     tree_for_each([&](const std::string& path, auto& o, auto& mu, auto& nu, const auto& g, const auto& p, const auto& mu0, const auto& nu0) {
       using L = std::remove_cvref_t<decltype(o)>;
       using T = typename L::value_type;
       if constexpr (FloatElement<T>) {
-        auto& batch = [&]() -> detail::AdamWLeaves<T>& {
-          if constexpr (std::is_same_v<T, float>) return f32;
-          else if constexpr (std::is_same_v<T, double>) return f64;
-          else return b16;
-        }();
+        auto& batch = std::get<detail::AdamWLeaves<T>>(batches);
         L u(g.shape()), m(g.shape()), v(g.shape());
         const int k = batch.n++;
         batch.g[k] = g.data(), batch.p[k] = p.data(), batch.mu_in[k] = mu0.data(), batch.nu_in[k] = nu0.data();
@@ -164,9 +159,7 @@ struct FusedAdamW {
         if (batch.n == detail::AdamWLeaves<T>::capacity) run(batch);
       }
     }, out, adam_next.mu, adam_next.nu, updates, params, adam_state.mu, adam_state.nu);
-    run(f32);
-    run(f64);
-    run(b16);
+    std::apply([&](auto&... batch) { (run(batch), ...); }, batches);
     return {out, next};
   }
 };
