@@ -3,6 +3,8 @@
 // (oneDNN on the CPU; cuBLASLt on CUDA in the nvcc build), with the ratio.
 #include <tapegrad/tapegrad.hpp>
 
+#include "step_gemms.hpp"
+
 #include <dnnl.hpp>  // the reference: oneDNN's own C++ API, independent of our wrapper
 
 #include <algorithm>
@@ -15,19 +17,8 @@
 
 namespace {
 
-struct Shape3 {
-  const char* what;
-  std::int64_t m, n, k;
-  bool ta, tb;
-};
-
-// Row-major op(A) (m x k) @ op(B) (k x n).
-const Shape3 step_gemms[] = {
-    {"fwd  x@W1     ", 512, 256, 784, false, false}, {"fwd  h1@W2    ", 512, 128, 256, false, false},
-    {"fwd  h2@W3    ", 512, 10, 128, false, false},  {"bwd  x^T@dz1  ", 784, 256, 512, true, false},
-    {"bwd  h1^T@dz2 ", 256, 128, 512, true, false},  {"bwd  h2^T@dz3 ", 128, 10, 512, true, false},
-    {"bwd  dz3@W3^T ", 512, 128, 10, false, true},   {"bwd  dz2@W2^T ", 512, 256, 128, false, true},
-};
+using bench::step_gemms;
+using Shape3 = bench::StepGemm;
 
 /// Median seconds per call over `rounds` rounds of `reps` calls, after a warm-up round.
 double median_seconds(const std::function<void()>& f, int reps = 50, int rounds = 7) {

@@ -3,6 +3,8 @@
 // in the timed call), in the same process. Without a GPU it says so and exits 0.
 #include <tapegrad/tapegrad.hpp>
 
+#include "step_gemms.hpp"
+
 #include <cstdio>
 #include <algorithm>
 #include <functional>
@@ -10,18 +12,8 @@
 
 namespace {
 
-struct Shape3 {
-  const char* what;
-  std::int64_t m, n, k;
-  bool ta, tb;
-};
-
-const Shape3 step_gemms[] = {
-    {"fwd  x@W1     ", 512, 256, 784, false, false}, {"fwd  h1@W2    ", 512, 128, 256, false, false},
-    {"fwd  h2@W3    ", 512, 10, 128, false, false},  {"bwd  x^T@dz1  ", 784, 256, 512, true, false},
-    {"bwd  h1^T@dz2 ", 256, 128, 512, true, false},  {"bwd  h2^T@dz3 ", 128, 10, 512, true, false},
-    {"bwd  dz3@W3^T ", 512, 128, 10, false, true},   {"bwd  dz2@W2^T ", 512, 256, 128, false, true},
-};
+using bench::step_gemms;
+using Shape3 = bench::StepGemm;
 
 /// Median milliseconds per call, timed with CUDA events on the library's stream after a warm-up.
 double median_ms(const std::function<void()>& f, int reps = 200, int rounds = 7) {

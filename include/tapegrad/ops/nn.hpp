@@ -22,10 +22,7 @@ struct SoftmaxCrossEntropyFn {
   TG_HD void operator()(std::int64_t row) const {
     using C = compute_t<T>;
     const T* x = logits + row * n;
-    C m = lowest<C>();
-    for (std::int64_t k = 0; k < n; ++k) m = MaxReducer{}.step(m, convert_from<C>(x[k]));
-    C s = C(0);
-    for (std::int64_t k = 0; k < n; ++k) s += math::exp(convert_from<C>(x[k]) - m);
+    const auto [m, s] = max_sum_exp(x, n, 1);
     const std::int32_t label = labels[row];
     // Out-of-range labels were rejected before the launch; NaN guards against a label changed since.
     const C picked = label >= 0 && label < n ? convert_from<C>(x[label]) : C(NAN);
@@ -45,10 +42,7 @@ struct SoftmaxCrossEntropyBackwardFn {
     using C = compute_t<T>;
     const T* x = logits + row * n;
     T* dx = dlogits + row * n;
-    C m = lowest<C>();
-    for (std::int64_t k = 0; k < n; ++k) m = MaxReducer{}.step(m, convert_from<C>(x[k]));
-    C s = C(0);
-    for (std::int64_t k = 0; k < n; ++k) s += math::exp(convert_from<C>(x[k]) - m);
+    const auto [m, s] = max_sum_exp(x, n, 1);
     const C g = convert_from<C>(dloss[row]), inv = C(1) / s;
     for (std::int64_t k = 0; k < n; ++k) {
       const C p = math::exp(convert_from<C>(x[k]) - m) * inv;

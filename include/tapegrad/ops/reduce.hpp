@@ -59,6 +59,23 @@ struct MaxReducer {
   template <class C> TG_HD C finish(C acc, std::int64_t) const { return acc; }
 };
 
+/// The maximum of n elements x[0], x[stride], ... and the sum of exp(x - max): the stable core of
+/// logsumexp, softmax and the softmax cross-entropy.
+template <class T>
+struct MaxSumExp {
+  compute_t<T> max, sum;
+};
+
+template <class T>
+TG_HD MaxSumExp<T> max_sum_exp(const T* x, std::int64_t n, std::int64_t stride) {
+  using C = compute_t<T>;
+  C m = lowest<C>();
+  for (std::int64_t k = 0; k < n; ++k) m = MaxReducer{}.step(m, convert_from<C>(x[k * stride]));
+  C s = C(0);
+  for (std::int64_t k = 0; k < n; ++k) s += math::exp(convert_from<C>(x[k * stride]) - m);
+  return {m, s};
+}
+
 /// y[o] = reduce over k of x[outer(o), k, inner(o)], in index order.
 template <class R, class TIn, class TOut>
 struct ReduceAxisFn {
@@ -103,15 +120,9 @@ struct LogSumExpAxisFn {
   TG_HD void operator()(std::int64_t o) const {
     using C = compute_t<TIn>;
     const TIn* base = x + (o / inner) * n * inner + o % inner;
-    C m = lowest<C>();
-    for (std::int64_t k = 0; k < n; ++k) m = MaxReducer{}.step(m, convert_from<C>(base[k * inner]));
-    if (!(m > lowest<C>() && m < -lowest<C>())) {  // all -inf, an inf, or NaN: the max is the answer
-      y[o] = convert_to<TOut>(m);
-      return;
-    }
-    C s = C(0);
-    for (std::int64_t k = 0; k < n; ++k) s += math::exp(convert_from<C>(base[k * inner]) - m);
-    y[o] = convert_to<TOut>(m + math::log(s));
+    const auto [m, s] = max_sum_exp(base, n, inner);
+    // All -inf, an inf, or NaN: the max is the answer.
+    y[o] = convert_to<TOut>(m > lowest<C>() && m < -lowest<C>() ? m + math::log(s) : m);
   }
 };
 
@@ -125,10 +136,7 @@ struct SoftmaxRowFn {
     using C = compute_t<T>;
     const T* xr = x + row * n;
     T* yr = y + row * n;
-    C m = lowest<C>();
-    for (std::int64_t k = 0; k < n; ++k) m = MaxReducer{}.step(m, convert_from<C>(xr[k]));
-    C s = C(0);
-    for (std::int64_t k = 0; k < n; ++k) s += math::exp(convert_from<C>(xr[k]) - m);
+    const auto [m, s] = max_sum_exp(xr, n, 1);
     if constexpr (Log) {
       const C lse = math::log(s);
       for (std::int64_t k = 0; k < n; ++k) yr[k] = convert_to<T>(convert_from<C>(xr[k]) - m - lse);
