@@ -58,12 +58,32 @@ Tree map_float_leaves(F&& f, const Tree& tree, const Rest&... rest) {
   }, tree, rest...);
 }
 
+/// The bias corrections 1 - b1^count and 1 - b2^count, computed once per update on the device (in the
+/// compute type, as Optax computes decay**count in the moments' dtype).
+template <class C>
+struct BiasCorrectionFn {
+  const std::int32_t* count;  // already incremented
+  double b1, b2;
+  C* out;  // [2]
+  TG_HD void operator()(std::int64_t) const {
+    out[0] = C(1) - math::pow(C(b1), C(count[0]));
+    out[1] = C(1) - math::pow(C(b2), C(count[0]));
+  }
+};
+
+template <Device D, class C>
+Tensor<C, D> bias_corrections(const Tensor<std::int32_t, D>& count, double b1, double b2) {
+  Tensor<C, D> out(Shape{2});
+  ::tg::detail::index_map<D>(1, BiasCorrectionFn<C>{count.data(), b1, b2, out.data()});
+  return out;
+}
+
 template <class T>
 struct AdamFn {
   const T* g;
   const T* mu_in;
   const T* nu_in;
-  const std::int32_t* count;  // already incremented
+  const compute_t<T>* correction;  // {1 - b1^count, 1 - b2^count} for the incremented count
   T* mu_out;
   T* nu_out;
   T* update;
@@ -75,9 +95,8 @@ struct AdamFn {
     const T m = convert_to<T>(C(1.0 - b1) * gv + C(b1) * convert_from<C>(mu_in[i]));
     const T v = convert_to<T>(C(1.0 - b2) * (gv * gv) + C(b2) * convert_from<C>(nu_in[i]));
     // Bias correction t / (1 - decay^count) with the incremented count.
-    const C c = C(count[0]);
-    const C m_hat = convert_from<C>(m) / (C(1) - math::pow(C(b1), c));
-    const C v_hat = convert_from<C>(v) / (C(1) - math::pow(C(b2), c));
+    const C m_hat = convert_from<C>(m) / correction[0];
+    const C v_hat = convert_from<C>(v) / correction[1];
     mu_out[i] = m;
     nu_out[i] = v;
     // eps outside the square root, eps_root inside (Optax's defaults: 1e-8 and 0).
@@ -232,15 +251,21 @@ struct ScaleByAdam {
   template <class Params>
   std::pair<Params, ScaleByAdamState<Params>> update(const Params& updates, const ScaleByAdamState<Params>& state,
                                                       const Params&) const {
+    using D = tree_device_t<Params>;
     ScaleByAdamState<Params> next{detail::increment(state.count), state.mu, state.nu};
+    const auto correction_f = detail::bias_corrections<D, float>(next.count, b1, b2);
+    const auto correction_d = detail::bias_corrections<D, double>(next.count, b1, b2);
     Params out = updates;
     tree_for_each([&](const std::string&, auto& o, auto& mu, auto& nu, const auto& g, const auto& mu0, const auto& nu0) {
       using L = std::remove_cvref_t<decltype(o)>;
       using T = typename L::value_type;
       if constexpr (FloatElement<T>) {
+        const compute_t<T>* correction;
+        if constexpr (std::is_same_v<compute_t<T>, double>) correction = correction_d.data();
+        else correction = correction_f.data();
         L u(g.shape()), m(g.shape()), v(g.shape());
         ::tg::detail::index_map<typename L::device_type>(
-            g.size(), detail::AdamFn<T>{g.data(), mu0.data(), nu0.data(), next.count.data(), m.data(), v.data(), u.data(), b1, b2, eps, eps_root});
+            g.size(), detail::AdamFn<T>{g.data(), mu0.data(), nu0.data(), correction, m.data(), v.data(), u.data(), b1, b2, eps, eps_root});
         o = u, mu = m, nu = v;
       }
     }, out, next.mu, next.nu, updates, state.mu, state.nu);

@@ -68,22 +68,26 @@ struct AdamWLeaves {
 template <class T>
 struct FusedAdamWFn {
   AdamWLeaves<T> leaves;
-  const std::int32_t* count;  // incremented
+  const compute_t<T>* correction;  // {1 - b1^count, 1 - b2^count}
   const double* step;         // -lr(count) when a schedule, else unused
   bool scheduled;
   double lr, b1, b2, eps, eps_root, weight_decay;
+  /// Element `flat` of the concatenated leaves (the CUDA kernel's view: one launch for all).
   TG_HD void operator()(std::int64_t flat) const {
-    using C = compute_t<T>;
     int lo = 0, hi = leaves.n - 1;
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
       if (leaves.offset[mid] <= flat) lo = mid;
       else hi = mid - 1;
     }
-    const int k = lo;
-    const std::int64_t i = flat - leaves.offset[k];
+    apply(lo, flat - leaves.offset[lo]);
+  }
+
+  /// Element i of leaf k.
+  TG_HD void apply(int k, std::int64_t i) const {
+    using C = compute_t<T>;
     T u;
-    AdamFn<T>{leaves.g[k] + i, leaves.mu_in[k] + i, leaves.nu_in[k] + i, count, leaves.mu_out[k] + i, leaves.nu_out[k] + i, &u,
+    AdamFn<T>{leaves.g[k] + i, leaves.mu_in[k] + i, leaves.nu_in[k] + i, correction, leaves.mu_out[k] + i, leaves.nu_out[k] + i, &u,
               b1, b2, eps, eps_root}(0);
     if (leaves.decay[k] && weight_decay != 0.0) {
       T d;
@@ -125,6 +129,8 @@ struct FusedAdamW {
     State next = state;
     auto& adam_next = std::get<0>(next);
     adam_next.count = detail::increment(adam_state.count);
+    const auto correction_f = detail::bias_corrections<D, float>(adam_next.count, options.b1, options.b2);
+    const auto correction_d = detail::bias_corrections<D, double>(adam_next.count, options.b1, options.b2);
     Tensor<double, D> step;
     if constexpr (Schedule<LR>) {
       auto& sched = std::get<2>(next);
@@ -138,9 +144,23 @@ struct FusedAdamW {
       if (batch.n == 0) return;
       double lr = 0.0;
       if constexpr (!Schedule<LR>) lr = learning_rate;
-      ::tg::detail::index_map<D>(batch.offset[batch.n], detail::FusedAdamWFn<T>{batch, adam_next.count.data(), step.defined() ? step.data() : nullptr,
-                                                                               Schedule<LR>, lr, options.b1, options.b2, options.eps,
-                                                                               options.eps_root, options.weight_decay});
+      const compute_t<T>* correction;
+      if constexpr (std::is_same_v<compute_t<T>, double>) correction = correction_d.data();
+      else correction = correction_f.data();
+      const detail::FusedAdamWFn<T> fn{batch, correction, step.defined() ? step.data() : nullptr, Schedule<LR>, lr,
+                                       options.b1, options.b2, options.eps, options.eps_root, options.weight_decay};
+      if constexpr (std::is_same_v<D, Cpu>) {
+        // One parallel region over all leaves, each leaf's elements split among the threads: contiguous,
+        // vectorisable loops and no per-leaf thread start-up.
+#pragma omp parallel
+        for (int k = 0; k < batch.n; ++k) {
+          const std::int64_t n = batch.offset[k + 1] - batch.offset[k];
+#pragma omp for schedule(static) nowait
+          for (std::int64_t i = 0; i < n; ++i) fn.apply(k, i);
+        }
+      } else {
+        ::tg::detail::index_map<D>(batch.offset[batch.n], fn);
+      }
       batch = detail::AdamWLeaves<T>{};
     };
     std::tuple<detail::AdamWLeaves<float>, detail::AdamWLeaves<double>, detail::AdamWLeaves<bf16>> batches;
