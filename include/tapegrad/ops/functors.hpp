@@ -69,18 +69,21 @@ struct Relu {
   // The subgradient at 0 is 0, as jax.nn.relu.
   template <class C> TG_HD C backward(C x, C, C dy) const { return x > C(0) ? dy : C(0); }
 };
-/// GELU, tanh approximation (jax.nn.gelu's default): x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+/// GELU, tanh approximation (jax.nn.gelu's default): x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+/// Evaluated as x sigmoid(2u), since 1 + tanh(u) = 2 sigmoid(2u): one exp instead of a tanh, and no
+/// cancellation in 1 + tanh(u) for negative x.
 struct Gelu {
   static constexpr double k0 = 0.7978845608028654;  // sqrt(2 / pi)
   static constexpr double k1 = 0.044715;
-  template <class C> TG_HD C operator()(C x) const {
-    const C t = math::tanh(C(k0) * (x + C(k1) * x * x * x));
-    return C(0.5) * x * (C(1) + t);
+  template <class C> TG_HD static C sigmoid_2u(C x) {
+    return C(1) / (C(1) + math::exp(C(-2 * k0) * (x + C(k1) * x * x * x)));
   }
+  template <class C> TG_HD C operator()(C x) const { return x * sigmoid_2u(x); }
+  // d/dx [x s] with s = sigmoid(2u): s + 2 x s (1 - s) u'.
   template <class C> TG_HD C backward(C x, C, C dy) const {
-    const C t = math::tanh(C(k0) * (x + C(k1) * x * x * x));
-    const C dt = C(k0) * (C(1) + C(3 * k1) * x * x);
-    return dy * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * dt);
+    const C s = sigmoid_2u(x);
+    const C du = C(k0) * (C(1) + C(3 * k1) * x * x);
+    return dy * (s + C(2) * x * s * (C(1) - s) * du);
   }
 };
 /// GELU, exact: x Phi(x) = x/2 (1 + erf(x / sqrt 2)) (jax.nn.gelu(approximate=False)).
