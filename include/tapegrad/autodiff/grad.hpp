@@ -47,7 +47,7 @@ auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
     ActiveTape active(&tape);
     tree_for_each([&](const std::string&, auto& leaf) {
       using L = std::remove_cvref_t<decltype(leaf)>;
-      if constexpr (FloatElement<typename L::value_type>) leaf.set_trace({tape.id(), tape.new_node()});
+      if constexpr (FloatElement<typename L::value_type>) leaf.set_trace({tape.id(), tape.new_node(leaf.shape())});
     }, traced);
     return f(std::as_const(traced), std::forward<Args>(args)...);
   }();

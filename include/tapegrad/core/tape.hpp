@@ -41,8 +41,9 @@ class Tape {
   bool owns(const Trace& t) const { return t.tape == id_; }
   std::int64_t size() const { return static_cast<std::int64_t>(cotangents_.size()); }
 
-  /// A fresh node with no cotangent yet.
-  std::int64_t new_node() {
+  /// A fresh node for a value of `shape`, with no cotangent yet.
+  std::int64_t new_node(const Shape& shape) {
+    shapes_.push_back(shape);
     cotangents_.emplace_back();
     uses_.push_back(0);
     producers_.emplace_back();
@@ -61,6 +62,11 @@ class Tape {
   template <Element T, Device D>
   void accumulate(const Trace& t, const Tensor<T, D>& g) {
     if (!owns(t) || !g.defined()) return;
+    // A backward rule must hand back a cotangent of its input's shape; anything else is a library bug,
+    // caught here rather than silently broadcast.
+    const Shape& want = shapes_[static_cast<std::size_t>(t.node)];
+    TG_CHECK(g.shape() == want, "backward", "a cotangent of shape ", g.shape().str(), " reached a value of shape ", want.str(),
+             "; please report this as a tapegrad bug");
     AnyFloatTensor& slot = cotangents_[static_cast<std::size_t>(t.node)];
     if (std::holds_alternative<std::monostate>(slot)) {
       slot = g.untraced();
@@ -93,6 +99,7 @@ class Tape {
   }
 
   std::uint64_t id_;
+  std::vector<Shape> shapes_;
   std::vector<AnyFloatTensor> cotangents_;
   std::vector<int> uses_;
   std::vector<std::shared_ptr<FusedProducer>> producers_;
@@ -127,7 +134,7 @@ template <Element T, Device D, class F>
 void record(Tensor<T, D>& out, std::initializer_list<Trace> inputs, F fn) {
   Tape& tape = *active_tape;
   for (const Trace& in : inputs) tape.use(in);
-  const std::int64_t node = tape.new_node();
+  const std::int64_t node = tape.new_node(out.shape());
   out.set_trace({tape.id(), node});
   tape.push([node, fn = std::move(fn)](Tape& t) {
     const Tensor<T, D> dy = t.cotangent<T, D>(node);
