@@ -290,9 +290,8 @@ Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T
                      detail::Tape& t, const Tensor<T, D>& dy) {
                    Tensor<T, D> dz, db;
                    if (producer->pending) {
+                     // Delivered by the only consumer (fusion requires one), so dy itself is undefined.
                      dz = producer->dz, db = producer->db;
-                     if (dy.defined()) dz = add(dz, detail::activation_backward(dy, producer->z, producer->act));
-                     if (dy.defined()) db = sum(dz, 0);
                    } else {
                      dz = detail::activation_backward(dy, producer->z, producer->act);
                    }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -71,12 +72,28 @@ struct BiasCorrectionFn {
   }
 };
 
-template <Device D, class C>
-Tensor<C, D> bias_corrections(const Tensor<std::int32_t, D>& count, double b1, double b2) {
-  Tensor<C, D> out(Shape{2});
-  ::tg::detail::index_map<D>(1, BiasCorrectionFn<C>{count.data(), b1, b2, out.data()});
-  return out;
-}
+/// The bias corrections of one update, computed on the device the first time a leaf of each compute
+/// type (float for f32/bf16, double for f64) asks for them.
+template <Device D>
+class BiasCorrections {
+ public:
+  BiasCorrections(const Tensor<std::int32_t, D>& count, double b1, double b2) : count_(count), b1_(b1), b2_(b2) {}
+
+  template <class C>
+  const C* get() {
+    Tensor<C, D>& t = std::get<Tensor<C, D>>(values_);
+    if (!t.defined()) {
+      t = Tensor<C, D>(Shape{2});
+      ::tg::detail::index_map<D>(1, BiasCorrectionFn<C>{count_.data(), b1_, b2_, t.data()});
+    }
+    return t.data();
+  }
+
+ private:
+  Tensor<std::int32_t, D> count_;
+  double b1_, b2_;
+  std::tuple<Tensor<float, D>, Tensor<double, D>> values_;
+};
 
 template <class T>
 struct AdamFn {
@@ -200,12 +217,11 @@ Leaf scale_by_device_scalar(const Leaf& g, const Tensor<double, leaf_device_t<Le
 
 /// Which leaves a mask selects: a predicate on the leaf path, or a pytree with the parameters' field
 /// names whose leaves are bool (true: apply).
-template <class Mask, class Params>
-std::function<bool(const std::string&)> mask_predicate(const Mask& mask, const Params& params) {
+template <class Mask>
+std::function<bool(const std::string&)> mask_predicate(const Mask& mask) {
   if constexpr (std::is_invocable_r_v<bool, const Mask&, const std::string&>) {
     return mask;
   } else {
-    (void)params;
     std::set<std::string> on;
     tree_for_each([&](const std::string& path, const bool& apply) {
       if (apply) on.insert(path);
@@ -253,16 +269,13 @@ struct ScaleByAdam {
                                                       const Params&) const {
     using D = tree_device_t<Params>;
     ScaleByAdamState<Params> next{detail::increment(state.count), state.mu, state.nu};
-    const auto correction_f = detail::bias_corrections<D, float>(next.count, b1, b2);
-    const auto correction_d = detail::bias_corrections<D, double>(next.count, b1, b2);
+    detail::BiasCorrections<D> corrections(next.count, b1, b2);
     Params out = updates;
     tree_for_each([&](const std::string&, auto& o, auto& mu, auto& nu, const auto& g, const auto& mu0, const auto& nu0) {
       using L = std::remove_cvref_t<decltype(o)>;
       using T = typename L::value_type;
       if constexpr (FloatElement<T>) {
-        const compute_t<T>* correction;
-        if constexpr (std::is_same_v<compute_t<T>, double>) correction = correction_d.data();
-        else correction = correction_f.data();
+        const compute_t<T>* correction = corrections.template get<compute_t<T>>();
         L u(g.shape()), m(g.shape()), v(g.shape());
         ::tg::detail::index_map<typename L::device_type>(
             g.size(), detail::AdamFn<T>{g.data(), mu0.data(), nu0.data(), correction, m.data(), v.data(), u.data(), b1, b2, eps, eps_root});
@@ -300,7 +313,7 @@ struct AddDecayedWeights {
   std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params& params) const {
     TG_CHECK(params_given(params), "add_decayed_weights", "needs the parameters: pass them as update()'s third argument");
     if (weight_decay == 0.0) return {updates, {}};  // optax skips a zero constant
-    const auto selected = detail::mask_predicate(mask, params);
+    const auto selected = detail::mask_predicate(mask);
     Params out = updates;
     tree_for_each([&](const std::string& path, auto& o, const auto& g, const auto& p) {
       using L = std::remove_cvref_t<decltype(o)>;

@@ -13,21 +13,6 @@
 
 namespace tg::optim {
 
-namespace detail {
-
-template <class T>
-struct AddCastFn {
-  const T* p;
-  const T* u;
-  T* out;
-  TG_HD void operator()(std::int64_t i) const {
-    using C = compute_t<T>;
-    out[i] = ::tg::detail::convert_to<T>(::tg::detail::convert_from<C>(p[i]) + ::tg::detail::convert_from<C>(u[i]));
-  }
-};
-
-}  // namespace detail
-
 /// params + updates, leaf by leaf, in the parameters' dtype (optax.apply_updates).
 template <class Params>
 Params apply_updates(const Params& params, const Params& updates) {
@@ -36,9 +21,7 @@ Params apply_updates(const Params& params, const Params& updates) {
     using T = typename L::value_type;
     if constexpr (FloatElement<T>) {
       TG_CHECK(p.shape() == u.shape(), "apply_updates", "update of shape ", u.shape().str(), " for a parameter of shape ", p.shape().str());
-      L out(p.shape());
-      ::tg::detail::index_map<typename L::device_type>(p.size(), detail::AddCastFn<T>{p.data(), u.data(), out.data()});
-      return out;
+      return add(p, u);  // in the compute type, rounded to the parameter's dtype
     } else {
       return p;
     }
@@ -129,24 +112,21 @@ struct FusedAdamW {
     State next = state;
     auto& adam_next = std::get<0>(next);
     adam_next.count = detail::increment(adam_state.count);
-    const auto correction_f = detail::bias_corrections<D, float>(adam_next.count, options.b1, options.b2);
-    const auto correction_d = detail::bias_corrections<D, double>(adam_next.count, options.b1, options.b2);
+    detail::BiasCorrections<D> corrections(adam_next.count, options.b1, options.b2);
     Tensor<double, D> step;
     if constexpr (Schedule<LR>) {
       auto& sched = std::get<2>(next);
       step = detail::eval_schedule(learning_rate, std::get<2>(state).count, -1.0);
       sched.count = detail::increment(std::get<2>(state).count);
     }
-    const auto selected = detail::mask_predicate(mask, params);
+    const auto selected = detail::mask_predicate(mask);
     Params out = updates;
     // Leaves grouped by dtype, 32 per launch.
     auto run = [&]<class T>(detail::AdamWLeaves<T>& batch) {
       if (batch.n == 0) return;
       double lr = 0.0;
       if constexpr (!Schedule<LR>) lr = learning_rate;
-      const compute_t<T>* correction;
-      if constexpr (std::is_same_v<compute_t<T>, double>) correction = correction_d.data();
-      else correction = correction_f.data();
+      const compute_t<T>* correction = corrections.template get<compute_t<T>>();
       const detail::FusedAdamWFn<T> fn{batch, correction, step.defined() ? step.data() : nullptr, Schedule<LR>, lr,
                                        options.b1, options.b2, options.eps, options.eps_root, options.weight_decay};
       if constexpr (std::is_same_v<D, Cpu>) {

@@ -245,10 +245,13 @@ bool tree_all_close(const Tree& a, const Tree& b, double rtol = 1e-5, double ato
       return;
     }
     const auto xv = x.to_vector(), yv = y.to_vector();
+    // Every element type converts exactly to double (bf16 through float).
+    auto as_double = [](auto v) {
+      if constexpr (std::is_same_v<decltype(v), bf16>) return static_cast<double>(static_cast<float>(v));
+      else return static_cast<double>(v);
+    };
     for (std::size_t i = 0; i < xv.size(); ++i) {
-      const double p = static_cast<double>(static_cast<float>(xv[i])), q = static_cast<double>(static_cast<float>(yv[i]));
-      const double pd = std::is_same_v<std::remove_cvref_t<decltype(xv[i])>, double> ? static_cast<double>(xv[i]) : p;
-      const double qd = std::is_same_v<std::remove_cvref_t<decltype(yv[i])>, double> ? static_cast<double>(yv[i]) : q;
+      const double pd = as_double(xv[i]), qd = as_double(yv[i]);
       if (!(std::fabs(pd - qd) <= atol + rtol * std::fabs(qd))) {
         ok = false;
         if (why) *why = detail::concat(path, "[", i, "]: ", pd, " vs ", qd);
