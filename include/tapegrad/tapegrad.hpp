@@ -20,3 +20,4 @@
 #include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/autodiff/check_grads.hpp"
 #include "tapegrad/optim/optim.hpp"
+#include "tapegrad/compile/compile.hpp"

@@ -5,3 +5,4 @@
 #include "../test_ops.cpp"
 #include "../test_autodiff.cpp"
 #include "../test_optim.cpp"
+#include "../test_compile.cpp"

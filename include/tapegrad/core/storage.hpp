@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 #include <type_traits>
+#include <utility>
 
 #include "tapegrad/core/device.hpp"
 #include "tapegrad/core/error.hpp"
@@ -56,6 +57,14 @@ class Storage {
   /// The CUDA device index holding this block (-1 for host memory).
   int device() const { return device_; }
 
+  /// Exchanges the blocks of two storages of the same size (compile() uses it to hand a caller a copy
+  /// of a buffer its plan is about to overwrite, keeping the address the plan was recorded with).
+  friend void swap_blocks(Storage& a, Storage& b) noexcept {
+    std::swap(a.data_, b.data_);
+    std::swap(a.bytes_, b.bytes_);
+    std::swap(a.device_, b.device_);
+  }
+
  private:
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
@@ -78,7 +87,7 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
                                                            : cudaMemcpyDeviceToDevice;
     TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cuda::stream()));
     // Host memory handed to us is pageable and may be freed as soon as we return.
-    if (kind != cudaMemcpyDeviceToDevice) TG_CUDA_CHECK(cudaStreamSynchronize(cuda::stream()));
+    if (kind != cudaMemcpyDeviceToDevice) cuda::synchronize();
 #else
     cuda::require_device("copy");
 #endif

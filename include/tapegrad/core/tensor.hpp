@@ -17,6 +17,7 @@
 #include "tapegrad/core/device.hpp"
 #include "tapegrad/core/dtype.hpp"
 #include "tapegrad/core/error.hpp"
+#include "tapegrad/core/recorder.hpp"
 #include "tapegrad/core/shape.hpp"
 #include "tapegrad/core/storage.hpp"
 
@@ -31,7 +32,7 @@ namespace detail {
 template <Device D, class F>
 void index_map(std::int64_t n, const F& f) {
   if constexpr (std::is_same_v<D, Cpu>) {
-    cpu::index_map(n, f);
+    cpu_kernel([n, f] { cpu::index_map(n, f); });
   } else {
 #if defined(TG_CUDA_KERNELS)
     cuda::index_map(n, f);
@@ -95,8 +96,18 @@ class Tensor {
 
   /// An uninitialised tensor of `shape` (prefer tg::empty / tg::zeros).
   explicit Tensor(Shape shape)
-      : storage_(std::make_shared<Storage<D>>(static_cast<std::size_t>(shape.numel()) * sizeof(T))),
-        shape_(shape) {}
+      : storage_(detail::new_storage<D>(static_cast<std::size_t>(shape.numel()) * sizeof(T))), shape_(shape) {}
+
+  /// A tensor of `shape` over an existing block (at least shape.numel() elements of T); for compile()
+  /// and other code that manages buffers itself.
+  Tensor(std::shared_ptr<Storage<D>> storage, Shape shape) : storage_(std::move(storage)), shape_(shape) {
+    TG_CHECK(storage_ && storage_->bytes() >= static_cast<std::size_t>(shape.numel()) * sizeof(T), "Tensor",
+             "a block of ", storage_ ? storage_->bytes() : 0, " bytes cannot hold shape ", shape.str(), " of ",
+             dtype_name<T>);
+  }
+
+  /// The shared block this tensor views (null when undefined).
+  const std::shared_ptr<Storage<D>>& storage() const { return storage_; }
 
   bool defined() const { return storage_ != nullptr; }
   const Shape& shape() const { return shape_; }
@@ -154,6 +165,7 @@ class Tensor {
     if constexpr (std::is_same_v<D, D2>) {
       return *this;
     } else {
+      ::tg::detail::forbid_in_compiled_step("to", "a transfer between the host and a device");
       Tensor<T, D2> r(shape_);
       ::tg::detail::copy_bytes<D2, D>(r.data(), data(), nbytes());
       ::tg::detail::record_transfer(*this, r);
@@ -168,6 +180,7 @@ class Tensor {
   /// The elements, in row-major order, copied to the host.
   std::vector<T> to_vector() const {
     require_defined("to_vector");
+    ::tg::detail::forbid_in_compiled_step("to_vector", "a host read");
     std::vector<T> v(static_cast<std::size_t>(size()));
     ::tg::detail::copy_bytes<Cpu, D>(v.data(), data(), nbytes());
     return v;
@@ -176,6 +189,7 @@ class Tensor {
   /// The single element of a one-element tensor, copied to the host.
   T item() const {
     require_defined("item");
+    ::tg::detail::forbid_in_compiled_step("item", "a host read");
     TG_CHECK(size() == 1, "item", "needs a tensor with exactly one element, got shape ", shape_.str(), " (",
              size(), " elements); index it with at({...}) or reduce it first");
     T v;
@@ -186,6 +200,7 @@ class Tensor {
   /// The element at a full index (each in [-dim, dim)), copied to the host.
   T at(std::initializer_list<std::int64_t> index) const {
     require_defined("at");
+    ::tg::detail::forbid_in_compiled_step("at", "a host read");
     TG_CHECK(static_cast<int>(index.size()) == rank(), "at", "index has ", index.size(),
              " components but the tensor has shape ", shape_.str());
     std::int64_t offset = 0;
@@ -205,6 +220,7 @@ class Tensor {
   /// Prints shape, dtype, device and up to the first 8 values.
   friend std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     if (!t.defined()) return os << "Tensor(undefined)";
+    ::tg::detail::forbid_in_compiled_step("operator<<", "printing (a host read)");
     os << "Tensor(shape=" << t.shape_ << ", dtype=" << dtype_name<T> << ", device=" << t.device_name() << ") [";
     constexpr std::int64_t shown = 8;
     const std::int64_t n = std::min(t.size(), shown);
@@ -289,7 +305,10 @@ Tensor<T, D> from_span(std::span<const T> values, const Shape& shape) {
   TG_CHECK(static_cast<std::int64_t>(values.size()) == shape.numel(), "from_vector", "got ", values.size(),
            " values for shape ", shape.str(), ", which holds ", shape.numel());
   Tensor<T, D> t(shape);
-  detail::copy_bytes<D, Cpu>(t.data(), values.data(), t.nbytes());
+  // Inside a compiled step this is a constant: its buffer is kept by the plan and filled once, when
+  // recorded (the CUDA capture pass is served that same, already filled buffer).
+  const detail::Recorder* r = detail::active_recorder;
+  if (!(r && r->mode == detail::Recorder::Mode::serve)) detail::copy_bytes<D, Cpu>(t.data(), values.data(), t.nbytes());
   return t;
 }
 

@@ -105,12 +105,14 @@ Tensor<T, Cpu> cpu_gemm(const Tensor<T, Cpu>& a, const Tensor<T, Cpu>& b, bool t
                         Activation act, const GemmDims& g) {
   Tensor<T, Cpu> c(Shape{g.m, g.n});
   if constexpr (std::is_same_v<T, double>) {
-    gemm_f64(g, a.data(), b.data(), c.data(), ta, tb);
+    cpu_kernel([g, pa = a.data(), pb = b.data(), pc = c.data(), ta, tb] { gemm_f64(g, pa, pb, pc, ta, tb); });
     if (bias) c = add(c, *bias);
     return activate(c, act);
   } else if constexpr (std::is_same_v<T, float>) {
     cpu::GemmShape s{g.m, g.n, g.k, ta, tb, cpu::GemmType::f32, bias != nullptr, act};
-    cpu::OneDnn::instance().gemm(s, a.data(), b.data(), bias ? bias->data() : nullptr, c.data());
+    cpu_kernel([s, pa = a.data(), pb = b.data(), pbias = bias ? bias->data() : nullptr, pc = c.data()] {
+      cpu::OneDnn::instance().gemm(s, pa, pb, pbias, pc);
+    });
     return c;
   } else {
     static_assert(std::is_same_v<T, bf16>, "GEMMs take float, double or bf16");
@@ -119,7 +121,9 @@ Tensor<T, Cpu> cpu_gemm(const Tensor<T, Cpu>& a, const Tensor<T, Cpu>& b, bool t
     if (bias) bias_f = cast<float>(*bias);
     if (dnn.bf16_supported()) {
       cpu::GemmShape s{g.m, g.n, g.k, ta, tb, cpu::GemmType::bf16, bias != nullptr, act};
-      dnn.gemm(s, a.data(), b.data(), bias ? bias_f.data() : nullptr, c.data());
+      cpu_kernel([&dnn, s, pa = a.data(), pb = b.data(), pbias = bias ? bias_f.data() : nullptr, pc = c.data()] {
+        dnn.gemm(s, pa, pb, pbias, pc);
+      });
       return c;
     }
     const auto af = cast<float>(a), bf = cast<float>(b);

@@ -51,25 +51,46 @@ struct SoftmaxCrossEntropyBackwardFn {
   }
 };
 
-struct LabelOutOfRangeFn {
+#if defined(TG_WITH_CUDA)
+/// Reports the first label outside [0, n_classes) to the device's error slot (raised at the next sync).
+struct LabelCheckFn {
   const std::int32_t* labels;
-  std::uint8_t* bad;
   std::int64_t n_classes;
-  TG_HD void operator()(std::int64_t i) const { bad[i] = labels[i] < 0 || labels[i] >= n_classes; }
+  const char* op;
+  cuda::DeviceError* slot;
+  TG_HD void operator()(std::int64_t i) const {
+    const std::int32_t label = labels[i];
+    if (label >= 0 && label < n_classes) return;
+#if defined(__CUDA_ARCH__)
+    if (atomicCAS(&slot->code, 0, 1) == 0) {
+      slot->value = label, slot->position = i, slot->limit = n_classes, slot->op = op;
+      __threadfence_system();
+    }
+#endif
+  }
 };
+#endif
 
-/// Throws, naming the op, the first bad label and its position, unless every label is in [0, n_classes).
+/// Rejects labels outside [0, n_classes), naming the op, the first bad label and its position. Never
+/// synchronises: on the CPU the check is a kernel of its own (replayed by compiled steps too), on CUDA
+/// a kernel reports to the device's error slot and the next synchronisation raises it.
 template <class D>
 void check_labels(const Tensor<std::int32_t, D>& labels, std::int64_t n_classes, const char* op) {
-  Tensor<std::uint8_t, D> bad(labels.shape());
-  index_map<D>(labels.size(), LabelOutOfRangeFn{labels.data(), bad.data(), n_classes});
-  if (labels.size() == 0 || max(bad).item() == 0) return;
-  const auto flags = bad.to_vector();
-  const auto values = labels.to_vector();
-  std::size_t i = 0;
-  while (!flags[i]) ++i;
-  fail(op, "label ", values[i], " at position ", i, " is out of range for ", n_classes,
-       " classes; labels must be in [0, ", n_classes, ")");
+  if constexpr (std::is_same_v<D, Cpu>) {
+    cpu_kernel([p = labels.data(), count = labels.size(), n_classes, op] {
+      for (std::int64_t i = 0; i < count; ++i)
+        if (p[i] < 0 || p[i] >= n_classes)
+          fail(op, "label ", p[i], " at position ", i, " is out of range for ", n_classes,
+               " classes; labels must be in [0, ", n_classes, ")");
+    });
+  } else {
+#if defined(TG_WITH_CUDA)
+    index_map<D>(labels.size(), LabelCheckFn{labels.data(), n_classes, op, cuda::error_slot()});
+#else
+    (void)labels, (void)n_classes, (void)op;
+    cuda::require_device(op);
+#endif
+  }
 }
 
 template <class T>

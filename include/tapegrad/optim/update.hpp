@@ -132,12 +132,14 @@ struct FusedAdamW {
       if constexpr (std::is_same_v<D, Cpu>) {
         // One parallel region over all leaves, each leaf's elements split among the threads: contiguous,
         // vectorisable loops and no per-leaf thread start-up.
+        ::tg::detail::cpu_kernel([fn] {
 #pragma omp parallel
-        for (int k = 0; k < batch.n; ++k) {
-          const std::int64_t n = batch.offset[k + 1] - batch.offset[k];
+          for (int k = 0; k < fn.leaves.n; ++k) {
+            const std::int64_t n = fn.leaves.offset[k + 1] - fn.leaves.offset[k];
 #pragma omp for schedule(static) nowait
-          for (std::int64_t i = 0; i < n; ++i) fn.apply(k, i);
-        }
+            for (std::int64_t i = 0; i < n; ++i) fn.apply(k, i);
+          }
+        });
       } else {
         ::tg::detail::index_map<D>(batch.offset[batch.n], fn);
       }

@@ -222,6 +222,7 @@ struct NormalFn {
 template <Device D = Cpu>
 Tensor<std::uint32_t, D> bits(Key key, const Shape& shape) {
   Tensor<std::uint32_t, D> t(shape);
+  ::tg::detail::forbid_in_compiled_step("random::bits", "a draw from a host key");
   ::tg::detail::index_map<D>(t.size(), detail::BitsFn{key, t.data()});
   return t;
 }
@@ -231,6 +232,7 @@ template <FloatElement T = float, Device D = Cpu>
 Tensor<T, D> uniform(Key key, const Shape& shape, double minval = 0.0, double maxval = 1.0) {
   TG_CHECK(minval < maxval, "random::uniform", "minval must be < maxval, got [", minval, ", ", maxval, ")");
   Tensor<T, D> t(shape);
+  ::tg::detail::forbid_in_compiled_step("random::uniform", "a draw from a host key");
   ::tg::detail::index_map<D>(t.size(), detail::UniformFn<T>{key, t.data(), minval, maxval});
   return t;
 }
@@ -239,6 +241,7 @@ Tensor<T, D> uniform(Key key, const Shape& shape, double minval = 0.0, double ma
 template <FloatElement T = float, Device D = Cpu>
 Tensor<T, D> normal(Key key, const Shape& shape) {
   Tensor<T, D> t(shape);
+  ::tg::detail::forbid_in_compiled_step("random::normal", "a draw from a host key");
   ::tg::detail::index_map<D>(t.size(), detail::NormalFn<T>{key, t.data()});
   return t;
 }
@@ -249,6 +252,7 @@ template <Device D = Cpu>
 Tensor<std::int32_t, D> permutation(Key key, std::int64_t n) {
   TG_CHECK(n >= 0 && n <= std::numeric_limits<std::int32_t>::max(), "random::permutation",
            "n must be in [0, 2^31), got ", n);
+  ::tg::detail::forbid_in_compiled_step("random::permutation", "a draw from a host key");
   std::vector<std::int32_t> x(static_cast<std::size_t>(n));
   std::iota(x.begin(), x.end(), 0);
   const int rounds = static_cast<int>(

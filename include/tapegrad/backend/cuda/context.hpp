@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include "tapegrad/backend/cuda/check.hpp"
@@ -10,11 +11,21 @@
 
 namespace tg::cuda {
 
+/// An error a kernel found in the data (a label out of range). The first failing thread fills it in,
+/// in mapped host memory, and the next synchronisation raises it as a tg::Error: kernels cannot throw,
+/// and checking on the host would need a synchronisation inside every step.
+struct DeviceError {
+  int code = 0;  ///< 0: none; 1: a value out of [0, limit)
+  long long value = 0, position = 0, limit = 0;
+  const char* op = nullptr;  ///< a string literal in host memory (not dereferenced on the device)
+};
+
 namespace detail {
 
 struct DeviceContext {
   cudaStream_t stream = nullptr;
   cudaMemPool_t pool = nullptr;
+  DeviceError* error = nullptr;  ///< host address; the same address on the device (unified addressing)
 };
 
 /// Per-device stream and pool. Streams are never destroyed: tensors may be freed during static
@@ -37,6 +48,9 @@ inline DeviceContext& context(int device) {
     // a training step then allocates from cached memory, and allocation inside graph capture is legal.
     std::uint64_t threshold = UINT64_MAX;
     TG_CUDA_CHECK(cudaMemPoolSetAttribute(ctx.pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+    void* error = nullptr;
+    TG_CUDA_CHECK(cudaHostAlloc(&error, sizeof(DeviceError), cudaHostAllocMapped));
+    ctx.error = new (error) DeviceError{};
     TG_CUDA_CHECK(cudaSetDevice(previous));
   }
   return ctx;
@@ -50,8 +64,28 @@ inline cudaStream_t stream() {
   return detail::context(current_device()).stream;
 }
 
-/// Waits until all tapegrad work queued on the current device has finished.
-inline void synchronize() { TG_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+/// Where kernels on the current device report bad data (see DeviceError).
+inline DeviceError* error_slot() {
+  require_device("cuda::error_slot");
+  return detail::context(current_device()).error;
+}
+
+/// Raises (and clears) an error a kernel reported; call after a synchronisation.
+inline void raise_device_error() {
+  DeviceError* e = detail::context(current_device()).error;
+  if (e->code == 0) return;
+  const DeviceError found = *e;
+  *e = DeviceError{};
+  ::tg::detail::fail(found.op ? found.op : "cuda", "label ", found.value, " at position ", found.position,
+                     " is out of range for ", found.limit, " classes; labels must be in [0, ", found.limit,
+                     ") (found on the device, reported at the next synchronisation)");
+}
+
+/// Waits until all tapegrad work queued on the current device has finished; raises errors kernels found.
+inline void synchronize() {
+  TG_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  raise_device_error();
+}
 
 /// Allocates `bytes` on `device` from its stream-ordered pool; out of memory is a tg::Error with sizes.
 inline void* allocate(std::size_t bytes, int device) {

@@ -1,0 +1,346 @@
+// tg::compile(step): the jit of this library. The first call at a shape signature runs the step eagerly
+// and records it; later calls replay the recording: on the CPU a plan of kernels over preallocated
+// buffers (no tape, no allocation), on CUDA one CUDA Graph launch. Results equal the eager step's
+// (bitwise on the CPU). A new shape signature records again, as JAX recompiles.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tapegrad/core/recorder.hpp"
+#include "tapegrad/core/tensor.hpp"
+#include "tapegrad/tree/pytree.hpp"
+
+namespace tg {
+
+namespace detail {
+
+/// A recorded step for one shape signature: the buffers its kernels were recorded with, which of them
+/// the inputs are copied into and which hold the outputs, and the work to replay.
+template <Device D>
+struct Plan {
+  struct Leaf {
+    std::size_t buffer = 0;
+    Shape shape;
+    DType dtype = DType::f32;
+  };
+  std::vector<std::shared_ptr<Storage<D>>> buffers;
+  std::vector<Leaf> inputs, outputs;          // tensor leaves, in tree order
+  std::vector<std::function<void()>> kernels;  // the CPU plan
+#if defined(TG_WITH_CUDA)
+  cudaGraphExec_t graph = nullptr;  // the CUDA plan
+#endif
+  std::unordered_map<const Storage<D>*, std::size_t> index;
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+#if defined(TG_WITH_CUDA)
+    if (graph != nullptr) (void)cudaGraphExecDestroy(graph);
+#endif
+  }
+
+  std::size_t add(const std::shared_ptr<Storage<D>>& s) {
+    const auto [it, added] = index.emplace(s.get(), buffers.size());
+    if (added) buffers.push_back(s);
+    return it->second;
+  }
+
+  /// Before the plan writes buffer `i`: if anyone else (a tensor the caller kept) still views it, that
+  /// tensor gets a copy of the current contents and the plan keeps the recorded address.
+  void make_exclusive(std::size_t i) {
+    std::shared_ptr<Storage<D>>& buf = buffers[i];
+    if (buf.use_count() == 1) return;
+    auto fresh = std::make_shared<Storage<D>>(buf->bytes());
+    copy_bytes<D, D>(fresh->data(), buf->data(), buf->bytes());
+    swap_blocks(*buf, *fresh);
+    index.erase(buf.get());
+    index.emplace(fresh.get(), i);
+    buf = std::move(fresh);
+  }
+};
+
+struct PlanBase {
+  virtual ~PlanBase() = default;
+};
+
+template <Device D, class Out>
+struct PlanFor : PlanBase {
+  Plan<D> plan;
+  Out prototype;  // the output tree with its tensor leaves undefined; filled from the buffers per call
+};
+
+/// Copies `bytes` between two buffers on D as part of the step (a recorded kernel on the CPU, a
+/// captured copy on CUDA).
+template <Device D>
+void plan_copy(void* dst, const void* src, std::size_t bytes) {
+  if constexpr (std::is_same_v<D, Cpu>) {
+    cpu_kernel([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+  } else {
+    copy_bytes<D, D>(dst, src, bytes);
+  }
+}
+
+template <class Tuple>
+std::string signature(Tuple& args) {
+  std::string key = typeid(Tuple).name();
+  std::apply([&](auto&... a) {
+    (tree_for_each([&](const std::string&, const auto& leaf) {
+      using L = std::remove_cvref_t<decltype(leaf)>;
+      if constexpr (std::is_same_v<L, bool>) {
+        key += leaf ? "|T" : "|F";
+      } else {
+        key += '|';
+        key += leaf.shape().str();
+        key += leaf.defined() ? "" : "undef";
+      }
+    }, a), ...);
+  }, args);
+  return key;
+}
+
+/// Calls f(leaf) for every tensor leaf of every element of a tuple of trees.
+template <class Tuple, class F>
+void for_each_tensor(Tuple& args, F&& f) {
+  std::apply([&](auto&... a) {
+    (tree_for_each([&](const std::string& path, auto& leaf) {
+      if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) f(path, leaf);
+    }, a), ...);
+  }, args);
+}
+
+template <Device D, class Leaf>
+void require_device_of(const std::string& path, const Leaf& leaf, const char* what) {
+  using L = std::remove_cvref_t<Leaf>;
+  if constexpr (!std::is_same_v<typename L::device_type, D>) {
+    fail("compile", what, " '", path, "' is on ", L::device_type::name, " but the step runs on ", D::name,
+         "; a compiled step runs on one device: move it with tg::device_put first");
+  }
+  TG_CHECK(leaf.defined(), "compile", what, " '", path, "' is an undefined tensor");
+}
+
+}  // namespace detail
+
+/// A step function made into a compiled one (see tg::compile).
+template <class F>
+class Compiled {
+ public:
+  explicit Compiled(F f) : f_(std::move(f)) {}
+
+  /// Runs the step: records it at a new shape signature, replays the recording otherwise.
+  /// Arguments passed as rvalues (std::move(params)) are donated: their buffers are reused in place
+  /// with no copy. Arguments passed as lvalues are left as they were, at the cost of a copy.
+  template <class... Args>
+  auto operator()(Args&&... args) {
+    using Held = std::tuple<std::remove_cvref_t<Args>...>;
+    using Out = std::remove_cvref_t<std::invoke_result_t<F&, const std::remove_cvref_t<Args>&...>>;
+    using D = tree_device_t<Held>;
+    Held held(std::forward<Args>(args)...);
+    const std::string key = detail::signature(held);
+    auto it = plans_.find(key);
+    if (it == plans_.end()) {
+      auto entry = std::make_unique<detail::PlanFor<D, Out>>();
+      Out out = record<D, Out>(*entry, std::move(held));
+      plans_.emplace(key, std::move(entry));
+      return out;
+    }
+    return replay<D, Out>(static_cast<detail::PlanFor<D, Out>&>(*it->second), std::move(held));
+  }
+
+  /// How many shape signatures have been recorded (jax's jitted._cache_size()).
+  std::size_t recordings() const { return plans_.size(); }
+  /// Drops every recording and the buffers they hold.
+  void clear() { plans_.clear(); }
+
+ private:
+  template <class D, class Out, class Held>
+  Out record(detail::PlanFor<D, Out>& entry, Held held) {
+    detail::Plan<D>& plan = entry.plan;
+    // The inputs live in buffers of the plan's own, copied from the first call's arguments.
+    Held statics = held;
+    detail::for_each_tensor(statics, [&](const std::string& path, auto& leaf) {
+      detail::require_device_of<D>(path, leaf, "input");
+      using L = std::remove_cvref_t<decltype(leaf)>;
+      auto buf = std::make_shared<Storage<D>>(leaf.nbytes());
+      detail::copy_bytes<D, D>(buf->data(), leaf.data(), leaf.nbytes());
+      leaf = L(buf, leaf.shape());
+      plan.inputs.push_back({plan.add(buf), leaf.shape(), L::dtype()});
+    });
+    held = Held{};
+
+    detail::Recorder recorder;
+    std::vector<std::pair<std::size_t, std::size_t>> copy_back;  // (output leaf, input leaf)
+    std::optional<Out> out;
+    {
+      detail::ActiveRecorder active(recorder);
+      out.emplace(std::apply(f_, std::as_const(statics)));
+      copy_back = donate(plan, *out);
+    }
+    if constexpr (std::is_same_v<D, Cpu>) {
+      for (const auto& b : recorder.cpu_buffers) plan.add(b);
+    } else {
+      for (const auto& b : recorder.cuda_buffers) plan.add(b);
+    }
+    plan.kernels = std::move(recorder.cpu_kernels);
+    if constexpr (!std::is_same_v<D, Cpu>) capture(plan, recorder, statics, *out, copy_back);
+
+    // Outputs: buffers of the plan (an output the step did not compute, a constant, is kept too).
+    entry.prototype = *out;
+    std::size_t k = 0;
+    tree_for_each([&](const std::string& path, auto& leaf, auto& proto) {
+      using L = std::remove_cvref_t<decltype(leaf)>;
+      if constexpr (!std::is_same_v<L, bool>) {
+        detail::require_device_of<D>(path, leaf, "output");
+        const auto it = std::find_if(copy_back.begin(), copy_back.end(), [&](const auto& c) { return c.first == k; });
+        const std::size_t buffer = it != copy_back.end() ? plan.inputs[it->second].buffer : plan.add(leaf.storage());
+        plan.outputs.push_back({buffer, leaf.shape(), L::dtype()});
+        leaf = L(plan.buffers[buffer], leaf.shape());
+        proto = L{};
+        ++k;
+      }
+    }, *out, entry.prototype);
+    return std::move(*out);
+  }
+
+  /// Donation: each output the step computed takes the buffer of the first unused input of the same
+  /// dtype and shape (new parameters take the old parameters' buffers), and the step ends by copying it
+  /// there. Returns the (output leaf, input leaf) pairs.
+  template <class D, class Out>
+  std::vector<std::pair<std::size_t, std::size_t>> donate(detail::Plan<D>& plan, const Out& out) {
+    std::vector<bool> taken(plan.inputs.size(), false);
+    tree_for_each([&](const std::string&, const auto& leaf) {  // inputs returned as they are stay theirs
+      if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) {
+        for (std::size_t j = 0; j < plan.inputs.size(); ++j)
+          if (leaf.storage() == plan.buffers[plan.inputs[j].buffer]) taken[j] = true;
+      }
+    }, out);
+    std::vector<std::pair<std::size_t, std::size_t>> pairs;
+    std::size_t k = 0;
+    tree_for_each([&](const std::string&, const auto& leaf) {
+      using L = std::remove_cvref_t<decltype(leaf)>;
+      if constexpr (!std::is_same_v<L, bool>) {
+        if (leaf.defined() && plan.index.count(leaf.storage().get()) == 0) {
+          for (std::size_t j = 0; j < plan.inputs.size(); ++j) {
+            const auto& in = plan.inputs[j];
+            if (taken[j] || in.dtype != L::dtype() || in.shape != leaf.shape()) continue;
+            detail::plan_copy<D>(plan.buffers[in.buffer]->data(), leaf.data(), leaf.nbytes());
+            taken[j] = true;
+            pairs.emplace_back(k, j);
+            break;
+          }
+        }
+        ++k;
+      }
+    }, out);
+    return pairs;
+  }
+
+  /// CUDA: the eager pass has run and kept its buffers; capture the step again on the library's stream,
+  /// served the same buffers in the same order, into one graph.
+  template <class D, class Held, class Out>
+  void capture(detail::Plan<D>& plan, detail::Recorder& recorder, const Held& statics, const Out& out,
+               const std::vector<std::pair<std::size_t, std::size_t>>& copy_back) {
+#if defined(TG_WITH_CUDA)
+    cudaStream_t stream = cuda::stream();
+    recorder.mode = detail::Recorder::Mode::serve;
+    recorder.served = 0;
+    TG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t graph = nullptr;
+    try {
+      detail::ActiveRecorder active(recorder);
+      const Out again = std::apply(f_, statics);
+      std::vector<const void*> first, second;
+      tree_for_each([&](const std::string&, const auto& a, const auto& b) {
+        if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(a)>, bool>) first.push_back(a.data()), second.push_back(b.data());
+      }, out, again);
+      TG_CHECK(first == second, "compile", "the step's outputs moved between its recording and capture passes; a compiled "
+               "step must do the same work every time it is called with the same shapes");
+      std::size_t k = 0;
+      tree_for_each([&](const std::string&, const auto& leaf) {
+        if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) {
+          for (const auto& [o, j] : copy_back)
+            if (o == k) detail::plan_copy<D>(plan.buffers[plan.inputs[j].buffer]->data(), leaf.data(), leaf.nbytes());
+          ++k;
+        }
+      }, again);
+      TG_CHECK(recorder.served == recorder.cuda_buffers.size(), "compile", "the step allocated ", recorder.served,
+               " buffers on its capture pass but ", recorder.cuda_buffers.size(), " when recorded; a compiled step must do "
+               "the same work every time it is called with the same shapes");
+    } catch (...) {
+      if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      throw;
+    }
+    TG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    const cudaError_t instantiated = cudaGraphInstantiate(&plan.graph, graph, 0);
+    (void)cudaGraphDestroy(graph);
+    TG_CUDA_CHECK(instantiated);
+#else
+    (void)plan, (void)recorder, (void)statics, (void)out, (void)copy_back;
+    cuda::require_device("compile");
+#endif
+  }
+
+  template <class D, class Out, class Held>
+  Out replay(detail::PlanFor<D, Out>& entry, Held held) {
+    detail::Plan<D>& plan = entry.plan;
+    // Arguments not already in their input buffers are copied in (a donated argument returned by the
+    // previous call is already there).
+    std::size_t k = 0;
+    detail::for_each_tensor(held, [&](const std::string& path, const auto& leaf) {
+      detail::require_device_of<D>(path, leaf, "input");
+      const std::size_t i = plan.inputs[k++].buffer;
+      if (leaf.storage() == plan.buffers[i]) return;
+      plan.make_exclusive(i);
+      detail::copy_bytes<D, D>(plan.buffers[i]->data(), leaf.data(), leaf.nbytes());
+    });
+    held = Held{};
+    // Whatever the caller still holds of the buffers the step writes gets a copy first.
+    for (const auto& in : plan.inputs) plan.make_exclusive(in.buffer);
+    for (const auto& o : plan.outputs) plan.make_exclusive(o.buffer);
+    if constexpr (std::is_same_v<D, Cpu>) {
+      for (const auto& kernel : plan.kernels) kernel();
+    } else {
+#if defined(TG_WITH_CUDA)
+      TG_CUDA_CHECK(cudaGraphLaunch(plan.graph, cuda::stream()));
+#endif
+    }
+    Out out = entry.prototype;
+    k = 0;
+    tree_for_each([&](const std::string&, auto& leaf) {
+      using L = std::remove_cvref_t<decltype(leaf)>;
+      if constexpr (!std::is_same_v<L, bool>) {
+        const auto& o = plan.outputs[k++];
+        leaf = L(plan.buffers[o.buffer], o.shape);
+      }
+    }, out);
+    return out;
+  }
+
+  F f_;
+  std::map<std::string, std::unique_ptr<detail::PlanBase>> plans_;
+};
+
+/// The jit of this library: `auto step = tg::compile(train_step);`. The step must be a function of its
+/// arguments (pytrees of tensors on one device) that stays on the device: host reads (item, to_vector),
+/// transfers and host-side random draws inside it are errors, and values it captures are frozen when it
+/// is recorded. Pass parameters and optimizer state with std::move to donate them (updated in place).
+template <class F>
+Compiled<std::decay_t<F>> compile(F&& step) {
+  return Compiled<std::decay_t<F>>(std::forward<F>(step));
+}
+
+}  // namespace tg
