@@ -3,6 +3,7 @@
 // in the timed call), in the same process. Without a GPU it says so and exits 0.
 #include <tapegrad/tapegrad.hpp>
 
+#include "direct_lt.hpp"
 #include "step_gemms.hpp"
 
 #include <cstdio>
@@ -14,6 +15,7 @@ namespace {
 
 using bench::step_gemms;
 using Shape3 = bench::StepGemm;
+using bench::DirectLt;
 
 /// Median milliseconds per call, timed with CUDA events on the library's stream after a warm-up.
 double median_ms(const std::function<void()>& f, int reps = 200, int rounds = 7) {
@@ -36,50 +38,6 @@ double median_ms(const std::function<void()>& f, int reps = 200, int rounds = 7)
   TG_CUDA_CHECK(cudaEventDestroy(stop));
   return t[t.size() / 2];
 }
-
-/// cuBLASLt called directly for row-major C = op(A) op(B) (as C^T = op(B)^T op(A)^T column-major).
-struct DirectLt {
-  cublasLtHandle_t handle = nullptr;
-  cublasLtMatmulDesc_t desc = nullptr;
-  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  void* workspace = nullptr;
-  std::size_t ws_bytes = 32u << 20;
-
-  DirectLt(const Shape3& s, cudaDataType_t type) {
-    TG_CUBLAS_CHECK(cublasLtCreate(&handle));
-    TG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t opa = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
-    TG_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
-    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type, s.tb ? s.k : s.n, s.tb ? s.n : s.k, s.tb ? s.k : s.n));
-    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, s.ta ? s.m : s.k, s.ta ? s.k : s.m, s.ta ? s.m : s.k));
-    TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, type, s.n, s.m, s.n));
-    TG_CUDA_CHECK(cudaMalloc(&workspace, ws_bytes));
-    cublasLtMatmulPreference_t pref;
-    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    TG_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, pref, 1, &result, &found));
-    TG_CHECK(found > 0, "bench", "cuBLASLt found no algorithm");
-    algo = result.algo;
-    TG_CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-  }
-  ~DirectLt() {
-    cublasLtMatrixLayoutDestroy(la);
-    cublasLtMatrixLayoutDestroy(lb);
-    cublasLtMatrixLayoutDestroy(lc);
-    cublasLtMatmulDescDestroy(desc);
-    cublasLtDestroy(handle);
-    cudaFree(workspace);
-  }
-  void run(const void* a, const void* b, void* c) {
-    const float one = 1, zero = 0;
-    TG_CUBLAS_CHECK(cublasLtMatmul(handle, desc, &one, b, la, a, lb, &zero, c, lc, c, lc, &algo, workspace, ws_bytes,
-                                   tg::cuda::stream()));
-  }
-};
 
 template <class T>
 void run(const char* type_name, cudaDataType_t type) {

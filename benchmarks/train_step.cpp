@@ -1,12 +1,20 @@
-// bench_train_step: examples/sec of the codelab's training step (784-256-128-10 GELU MLP, softmax
-// cross-entropy, AdamW 3e-3 / 1e-4) on the CPU, eager f32 and eager bf16 compute (f32 parameters),
-// against the "GEMM floor": the same step's 8 GEMMs alone through oneDNN called directly, in the same
-// process. Prints medians and min-max over several runs after warm-up, the ratios to the floor, peak
-// RSS, and writes JSON. The compiled step (tg::compile) is not built yet; it will join this table.
-//   bench_train_step [--batch N] [--runs R] [--steps S] [--json path] [--sweep]
+// train_step: examples/sec of the codelab's training step (784-256-128-10 GELU MLP, softmax
+// cross-entropy, fused AdamW 3e-3 / 1e-4) on the available device: eager f32, compiled f32 (tg::compile)
+// and compiled bf16 compute (f32 parameters), against the "GEMM floor": the same step's 8 GEMMs alone,
+// called straight through oneDNN (CPU) or cuBLASLt (CUDA) in the same process. Prints medians and
+// min-max over several runs after warm-up (each run ends with the device synchronised), the ratios to the
+// floor, peak memory, and writes JSON. The modes' runs are interleaved. Built by g++ as bench_train_step and by nvcc as
+// bench_train_step_cuda (this file, included by train_step_cuda.cu).
+//   bench_train_step [--batch N] [--runs R] [--steps S] [--json path] [--sweep] [--threads-sweep] [--keep-denormals]
+// On the CPU, subnormal floats are flushed to zero (tg::cpu::FlushDenormals, as XLA computes) unless
+// --keep-denormals is given.
 #include <tapegrad/tapegrad.hpp>
 
+#if defined(TG_BENCH_CUDA)
+#include "direct_lt.hpp"
+#else
 #include <dnnl.hpp>
+#endif
 
 #include <sys/resource.h>
 
@@ -17,16 +25,26 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <omp.h>
 
 namespace {
 
+#if defined(TG_BENCH_CUDA)
+using Dev = tg::Cuda;
+#else
+using Dev = tg::Cpu;
+#endif
+using Tensor = tg::Tensor<float, Dev>;
+using Labels = tg::Tensor<std::int32_t, Dev>;
+
 template <class T>
 struct Mlp {
-  tg::Tensor<T> w1, b1, w2, b2, w3, b3;
+  tg::Tensor<T, Dev> w1, b1, w2, b2, w3, b3;
 };
 TG_PYTREE(Mlp, w1, b1, w2, b2, w3, b3)
 
@@ -37,56 +55,118 @@ struct Sizes {
 Mlp<float> init(const Sizes& s) {
   const auto k = tg::random::split(tg::random::key(1), 3);
   auto he = [](tg::random::Key key, std::int64_t fan_in, std::int64_t fan_out) {
-    return tg::random::normal(key, {fan_in, fan_out}) * static_cast<float>(std::sqrt(2.0 / static_cast<double>(fan_in)));
+    return tg::random::normal<float, Dev>(key, {fan_in, fan_out}) * static_cast<float>(std::sqrt(2.0 / static_cast<double>(fan_in)));
   };
-  return {he(k[0], s.in, s.h1), tg::zeros<float>({s.h1}), he(k[1], s.h1, s.h2), tg::zeros<float>({s.h2}),
-          he(k[2], s.h2, s.out), tg::zeros<float>({s.out})};
+  return {he(k[0], s.in, s.h1), tg::zeros<float, Dev>({s.h1}), he(k[1], s.h1, s.h2), tg::zeros<float, Dev>({s.h2}),
+          he(k[2], s.h2, s.out), tg::zeros<float, Dev>({s.out})};
 }
 
 /// The loss with the forward pass in compute dtype C (f32 parameters cast per step, as JAX's mixed precision).
 template <class C>
-tg::Tensor<float> loss(const Mlp<float>& p, const tg::Tensor<float>& x, const tg::Tensor<std::int32_t>& y) {
+Tensor loss(const Mlp<float>& p, const Tensor& x, const Labels& y) {
   const auto h1 = tg::linear(x.cast<C>(), p.w1.cast<C>(), p.b1.cast<C>(), tg::Activation::gelu);
   const auto h2 = tg::linear(h1, p.w2.cast<C>(), p.b2.cast<C>(), tg::Activation::gelu);
   const auto logits = tg::linear(h2, p.w3.cast<C>(), p.b3.cast<C>()).template cast<float>();
   return tg::mean(tg::softmax_cross_entropy_with_integer_labels(logits, y));
 }
 
+const auto optimizer = tg::optim::fused_adamw(3e-3, {.weight_decay = 1e-4});
+using OptState = decltype(optimizer.init(std::declval<Mlp<float>>()));
+
+/// One training step: gradients, AdamW, new parameters; the loss stays on the device.
+template <class C>
+std::tuple<Mlp<float>, OptState, Tensor> train_step(const Mlp<float>& params, const OptState& state, const Tensor& x, const Labels& y) {
+  auto [value, grads] = tg::value_and_grad(loss<C>)(params, x, y);
+  auto [updates, next] = optimizer.update(grads, state, params);
+  return {tg::optim::apply_updates(params, updates), next, value};
+}
+
+void synchronize() {
+#if defined(TG_BENCH_CUDA)
+  tg::cuda::synchronize();
+#endif
+}
+
 struct Stats {
   double median = 0, min = 0, max = 0;  // examples/sec
 };
 
-/// Runs `step` `steps` times per run after `warmup` steps; each run ends by reading a result back.
-Stats measure(const std::function<float()>& step, std::int64_t batch, int runs, int steps, int warmup = 5) {
-  for (int i = 0; i < warmup; ++i) (void)step();
-  std::vector<double> eps;
+struct Mode {
+  std::string name;
+  std::function<Tensor()> step;
+};
+
+/// Runs each mode's step `warmup` times, then `runs` rounds in which every mode runs `steps` steps in
+/// turn (interleaved, so that a change in the machine's load hits all modes alike). Each run's clock stops
+/// after the device has finished (the last loss is read back, which synchronises).
+std::vector<Stats> measure(const std::vector<Mode>& modes, std::int64_t batch, int runs, int steps, int warmup = 5) {
+  for (const Mode& m : modes)
+    for (int i = 0; i < warmup; ++i) (void)m.step();
+  synchronize();
+  std::vector<std::vector<double>> eps(modes.size());
   for (int r = 0; r < runs; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    float last = 0;
-    for (int i = 0; i < steps; ++i) last = step();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!std::isfinite(last)) std::fprintf(stderr, "warning: non-finite loss %f\n", last);
-    eps.push_back(static_cast<double>(batch) * steps / s);
+    for (std::size_t m = 0; m < modes.size(); ++m) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Tensor last;
+      for (int i = 0; i < steps; ++i) last = modes[m].step();
+      const float value = last.defined() ? last.item() : 0.0f;
+      synchronize();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (!std::isfinite(value)) std::fprintf(stderr, "warning: %s: non-finite loss %f\n", modes[m].name.c_str(), value);
+      eps[m].push_back(static_cast<double>(batch) * steps / s);
+    }
   }
-  std::sort(eps.begin(), eps.end());
-  return {eps[eps.size() / 2], eps.front(), eps.back()};
+  std::vector<Stats> stats;
+  for (auto& e : eps) {
+    std::sort(e.begin(), e.end());
+    stats.push_back({e[e.size() / 2], e.front(), e.back()});
+  }
+  return stats;
 }
 
+struct GemmList {
+  std::int64_t m, n, k;
+  bool ta, tb;
+};
+
+std::vector<GemmList> step_gemms(const Sizes& s) {
+  const std::int64_t B = s.batch;
+  return {{B, s.h1, s.in, false, false}, {B, s.h2, s.h1, false, false}, {B, s.out, s.h2, false, false},
+          {s.in, s.h1, B, true, false},  {s.h1, s.h2, B, true, false},  {s.h2, s.out, B, true, false},
+          {B, s.h2, s.out, false, true}, {B, s.h1, s.h2, false, true}};
+}
+
+#if defined(TG_BENCH_CUDA)
+/// The step's 8 GEMMs through cuBLASLt called directly (f32, or bf16 inputs with f32 accumulation).
+struct GemmFloor {
+  std::vector<std::unique_ptr<bench::DirectLt>> gemms;
+  std::vector<tg::Tensor<float, Dev>> a, b, c;
+  GemmFloor(const Sizes& s, bool bf16) {
+    TG_CHECK(!bf16, "bench", "the bf16 floor is measured by bench_gemm_cuda");
+    for (const GemmList& g : step_gemms(s)) {
+      gemms.push_back(std::make_unique<bench::DirectLt>(bench::StepGemm{"", g.m, g.n, g.k, g.ta, g.tb}, CUDA_R_32F));
+      a.push_back(tg::zeros<float, Dev>({g.m * g.k}));
+      b.push_back(tg::zeros<float, Dev>({g.k * g.n}));
+      c.push_back(tg::zeros<float, Dev>({g.m * g.n}));
+    }
+  }
+  Tensor run() {
+    for (std::size_t i = 0; i < gemms.size(); ++i) gemms[i]->run(a[i].data(), b[i].data(), c[i].data());
+    return {};
+  }
+  static std::string name() { return "GEMM floor (cuBLASLt f32)"; }
+};
+#else
 /// The step's 8 GEMMs through oneDNN's own API (primitives and memory created once).
 struct GemmFloor {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::vector<std::pair<dnnl::matmul, std::unordered_map<int, dnnl::memory>>> gemms;
 
-  explicit GemmFloor(const Sizes& s) {
-    const std::int64_t B = s.batch;
-    struct G { std::int64_t m, n, k; bool ta, tb; };
-    const G list[] = {{B, s.h1, s.in, false, false}, {B, s.h2, s.h1, false, false}, {B, s.out, s.h2, false, false},
-                      {s.in, s.h1, B, true, false},  {s.h1, s.h2, B, true, false},  {s.h2, s.out, B, true, false},
-                      {B, s.h2, s.out, false, true}, {B, s.h1, s.h2, false, true}};
+  GemmFloor(const Sizes& s, bool) {
     using dims = dnnl::memory::dims;
     const auto f32 = dnnl::memory::data_type::f32;
-    for (const G& g : list) {
+    for (const GemmList& g : step_gemms(s)) {
       const dnnl::memory::desc a(dims{g.m, g.k}, f32, g.ta ? dims{1, g.m} : dims{g.k, 1});
       const dnnl::memory::desc b(dims{g.k, g.n}, f32, g.tb ? dims{1, g.k} : dims{g.n, 1});
       const dnnl::memory::desc c(dims{g.m, g.n}, f32, dims{g.n, 1});
@@ -97,12 +177,14 @@ struct GemmFloor {
       gemms.emplace_back(dnnl::matmul(pd), std::move(args));
     }
   }
-  float run() {
+  Tensor run() {
     for (auto& [prim, args] : gemms) prim.execute(stream, args);
     stream.wait();
-    return 0.0f;
+    return {};
   }
+  static std::string name() { return "GEMM floor (oneDNN f32)"; }
 };
+#endif
 
 double peak_rss_mib() {
   rusage u{};
@@ -110,54 +192,81 @@ double peak_rss_mib() {
   return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux reports KiB
 }
 
+/// Peak bytes in use in the library's CUDA memory pool (0 on the CPU).
+double peak_device_mib() {
+#if defined(TG_BENCH_CUDA)
+  cudaMemPool_t pool;
+  TG_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, tg::cuda::current_device()));
+  std::uint64_t high = 0;
+  TG_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high));
+  return static_cast<double>(high) / (1024.0 * 1024.0);
+#else
+  return 0.0;
+#endif
+}
+
 struct Row {
   std::string mode;
   Sizes sizes;
+  int threads;
   Stats stats;
   double floor_ratio;
 };
 
 template <class C>
-std::function<float()> eager_step(Mlp<float>& params, const tg::Tensor<float>& x, const tg::Tensor<std::int32_t>& y) {
-  static const auto optimizer = tg::optim::adamw(3e-3, {.weight_decay = 1e-4});
-  auto state = std::make_shared<decltype(optimizer.init(params))>(optimizer.init(params));
-  return [&params, &x, &y, state]() {
-    auto [value, grads] = tg::value_and_grad(loss<C>)(params, x, y);
-    auto [updates, next] = optimizer.update(grads, *state, params);
-    params = tg::optim::apply_updates(params, updates);
-    *state = next;
-    return value.item();
+std::function<Tensor()> eager(Mlp<float> params, const Tensor& x, const Labels& y) {
+  auto state = std::make_shared<OptState>(optimizer.init(params));
+  auto p = std::make_shared<Mlp<float>>(std::move(params));
+  return [p, state, x, y]() {
+    auto [next_params, next_state, value] = train_step<C>(*p, *state, x, y);
+    *p = std::move(next_params), *state = std::move(next_state);
+    return value;
   };
 }
 
-std::vector<Row> bench(const Sizes& s, int runs, int steps) {
-  const auto x = tg::random::uniform(tg::random::key(2), {s.batch, s.in});
+template <class C>
+std::function<Tensor()> compiled(Mlp<float> params, const Tensor& x, const Labels& y) {
+  auto state = std::make_shared<OptState>(optimizer.init(params));
+  auto p = std::make_shared<Mlp<float>>(std::move(params));
+  auto step = std::make_shared<tg::Compiled<decltype(&train_step<C>)>>(tg::compile(&train_step<C>));
+  return [p, state, step, x, y]() {
+    auto [next_params, next_state, value] = (*step)(std::move(*p), std::move(*state), x, y);  // donated
+    *p = std::move(next_params), *state = std::move(next_state);
+    return value;
+  };
+}
+
+std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes) {
+  const auto x = tg::random::uniform<float, Dev>(tg::random::key(2), {s.batch, s.in});
   std::vector<std::int32_t> labels(static_cast<std::size_t>(s.batch));
   for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(s.out));
-  const auto y = tg::from_vector(labels);
-  GemmFloor floor(s);
-  const Stats f = measure([&] { return floor.run(); }, s.batch, runs, steps);
-  auto p32 = init(s);
-  const Stats e32 = measure(eager_step<float>(p32, x, y), s.batch, runs, steps);
-  auto p16 = init(s);
-  const Stats e16 = measure(eager_step<tg::bf16>(p16, x, y), s.batch, runs, steps);
-  return {{"GEMM floor (oneDNN f32)", s, f, 1.0}, {"eager f32", s, e32, e32.median / f.median}, {"eager bf16 compute", s, e16, e16.median / f.median}};
+  const auto y = tg::from_vector<Dev>(labels);
+  const int threads = omp_get_max_threads();
+  GemmFloor floor(s, false);
+  std::vector<Mode> modes{{GemmFloor::name(), [&] { return floor.run(); }}};
+  if (all_modes) modes.push_back({"eager f32", eager<float>(init(s), x, y)});
+  modes.push_back({"compiled f32", compiled<float>(init(s), x, y)});
+  if (all_modes) modes.push_back({"compiled bf16 compute", compiled<tg::bf16>(init(s), x, y)});
+  const std::vector<Stats> stats = measure(modes, s.batch, runs, steps);
+  std::vector<Row> rows;
+  for (std::size_t m = 0; m < modes.size(); ++m) rows.push_back({modes[m].name, s, threads, stats[m], stats[m].median / stats[0].median});
+  return rows;
 }
 
 void print(const std::vector<Row>& rows) {
   for (const Row& r : rows)
-    std::printf("  %-26s batch %5lld  hidden %4lld-%4lld  %10.0f ex/s  (min %9.0f, max %9.0f)  %5.2f x floor\n", r.mode.c_str(),
-                static_cast<long long>(r.sizes.batch), static_cast<long long>(r.sizes.h1), static_cast<long long>(r.sizes.h2),
-                r.stats.median, r.stats.min, r.stats.max, r.floor_ratio);
+    std::printf("  %-26s batch %5lld  hidden %4lld-%4lld  threads %2d  %10.0f ex/s  (min %9.0f, max %9.0f)  %5.2f x floor\n",
+                r.mode.c_str(), static_cast<long long>(r.sizes.batch), static_cast<long long>(r.sizes.h1),
+                static_cast<long long>(r.sizes.h2), r.threads, r.stats.median, r.stats.min, r.stats.max, r.floor_ratio);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   Sizes sizes;
-  int runs = 5, steps = 20;
+  int runs = 7, steps = 20;
   std::string json_path = "train_step.json";
-  bool sweep = false;
+  bool sweep = false, threads_sweep = false, keep_denormals = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -169,23 +278,59 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = std::stoi(next());
     else if (a == "--json") json_path = next();
     else if (a == "--sweep") sweep = true;
+    else if (a == "--threads-sweep") threads_sweep = true;
+    else if (a == "--keep-denormals") keep_denormals = true;
     else {
-      std::fprintf(stderr, "usage: bench_train_step [--batch N] [--runs R] [--steps S] [--json path] [--sweep]\n");
+      std::fprintf(stderr, "usage: bench_train_step [--batch N] [--runs R] [--steps S] [--json path] [--sweep] [--threads-sweep] [--keep-denormals]\n");
       return 2;
     }
   }
-  std::printf("bench_train_step: tapegrad %s, oneDNN %d.%d.%d, %d OpenMP threads, cpu\n", tg::version, dnnl_version()->major,
-              dnnl_version()->minor, dnnl_version()->patch, omp_get_max_threads());
-  std::printf("step: 784-%lld-%lld-10 GELU MLP, softmax cross-entropy, adamw(3e-3, wd 1e-4); median of %d runs x %d steps\n",
+#if defined(TG_BENCH_CUDA)
+  if (!tg::cuda::available()) {
+    std::printf("bench_train_step_cuda: no CUDA device here (%s); nothing to measure\n", tg::cuda::describe_devices().c_str());
+    return 0;
+  }
+  const std::string device = tg::cuda::device_info(tg::cuda::current_device()).name;
+  std::printf("bench_train_step: tapegrad %s, %s\n", tg::version, tg::cuda::describe_devices().c_str());
+#else
+  const std::string device = "cpu";
+  std::optional<tg::cpu::FlushDenormals> flush;
+  if (!keep_denormals) flush.emplace();
+  std::printf("bench_train_step: tapegrad %s, oneDNN %d.%d.%d, %d OpenMP threads (default), cpu, subnormals %s\n", tg::version,
+              dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch, omp_get_max_threads(),
+              keep_denormals ? "kept (IEEE)" : "flushed to zero");
+#endif
+  std::printf("step: 784-%lld-%lld-10 GELU MLP, softmax cross-entropy, fused adamw(3e-3, wd 1e-4); median of %d runs x %d steps\n",
               static_cast<long long>(sizes.h1), static_cast<long long>(sizes.h2), runs, steps);
-  std::vector<Row> all = bench(sizes, runs, steps);
+  std::vector<Row> all = run_modes(sizes, runs, steps, true);
   print(all);
+  const auto ratio = [&](const char* a, const char* b) {
+    double x = 0, y = 0;
+    for (const Row& r : all) {
+      if (r.mode == a && r.sizes.batch == sizes.batch) x = r.stats.median;
+      if (r.mode == b && r.sizes.batch == sizes.batch) y = r.stats.median;
+    }
+    return y > 0 ? x / y : 0.0;
+  };
+  std::printf("compiled f32 / eager f32: %.2fx; compiled bf16 / compiled f32: %.2fx\n", ratio("compiled f32", "eager f32"),
+              ratio("compiled bf16 compute", "compiled f32"));
+  if (threads_sweep) {
+    const int defaults = omp_get_max_threads();
+    std::printf("OpenMP threads (the default is %d):\n", defaults);
+    for (int t : {1, 2, 4, 8}) {
+      omp_set_num_threads(t);
+      auto rows = run_modes(sizes, runs, steps, false);
+      print(rows);
+      all.insert(all.end(), rows.begin(), rows.end());
+    }
+    omp_set_num_threads(defaults);
+  }
   if (sweep) {
     std::printf("sweep over batch sizes:\n");
     for (std::int64_t b : {128, 256, 1024, 2048, 4096, 8192}) {
       Sizes s = sizes;
       s.batch = b;
-      auto rows = bench(s, 3, std::max(2, static_cast<int>(steps * 512 / b)));
+      auto rows = run_modes(s, 3, std::max(2, static_cast<int>(steps * 512 / b)), true);
       print(rows);
       all.insert(all.end(), rows.begin(), rows.end());
     }
@@ -193,21 +338,31 @@ int main(int argc, char** argv) {
     for (auto [h1, h2] : {std::pair<std::int64_t, std::int64_t>{512, 256}, {1024, 512}}) {
       Sizes s = sizes;
       s.h1 = h1, s.h2 = h2;
-      auto rows = bench(s, 3, steps);
+      auto rows = run_modes(s, 3, steps, true);
       print(rows);
       all.insert(all.end(), rows.begin(), rows.end());
     }
   }
-  std::printf("peak host RSS: %.1f MiB\n", peak_rss_mib());
+  std::printf("peak host RSS: %.1f MiB; peak device memory in use: %.1f MiB\n", peak_rss_mib(), peak_device_mib());
   std::ofstream json(json_path);
-  json << "{\n  \"device\": \"cpu\",\n  \"threads\": " << omp_get_max_threads() << ",\n  \"peak_rss_mib\": " << peak_rss_mib() << ",\n  \"rows\": [\n";
+  if (!json) {
+    std::fprintf(stderr, "bench_train_step: cannot write %s (does its directory exist?)\n", json_path.c_str());
+    return 1;
+  }
+  json << "{\n  \"device\": \"" << device << "\",\n  \"default_threads\": " << omp_get_max_threads()
+       << ",\n  \"peak_rss_mib\": " << peak_rss_mib() << ",\n  \"peak_device_mib\": " << peak_device_mib() << ",\n  \"rows\": [\n";
   for (std::size_t i = 0; i < all.size(); ++i) {
     const Row& r = all[i];
     json << "    {\"mode\": \"" << r.mode << "\", \"batch\": " << r.sizes.batch << ", \"hidden\": [" << r.sizes.h1 << ", " << r.sizes.h2
-         << "], \"examples_per_sec_median\": " << r.stats.median << ", \"min\": " << r.stats.min << ", \"max\": " << r.stats.max
-         << ", \"ratio_to_floor\": " << r.floor_ratio << "}" << (i + 1 < all.size() ? "," : "") << "\n";
+         << "], \"threads\": " << r.threads << ", \"examples_per_sec_median\": " << r.stats.median << ", \"min\": " << r.stats.min
+         << ", \"max\": " << r.stats.max << ", \"ratio_to_floor\": " << r.floor_ratio << "}" << (i + 1 < all.size() ? "," : "") << "\n";
   }
   json << "  ]\n}\n";
+  json.close();
+  if (!json) {
+    std::fprintf(stderr, "bench_train_step: writing %s failed\n", json_path.c_str());
+    return 1;
+  }
   std::printf("wrote %s\n", json_path.c_str());
   return 0;
 }

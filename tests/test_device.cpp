@@ -2,6 +2,9 @@
 // how to enable CUDA.
 #include "test_common.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 using Catch::Matchers::Contains;
 
 #if !defined(TG_WITH_CUDA)
@@ -27,4 +30,32 @@ TEST_CASE("CPU storage is 64-byte aligned", "[device]") {
   }
   CHECK(tg::zeros<float>({2}).device_name() == "cpu");
   CHECK(tg::version == std::string("0.1.0"));
+}
+
+TEST_CASE("FlushDenormals flushes subnormals in the pool's threads and restores the previous setting", "[device]") {
+#if defined(TG_HAVE_MXCSR)
+  // Large enough that the multiply runs on every OpenMP thread.
+  const std::int64_t n = 1 << 17;
+  const float tiny = 1e-39f;  // subnormal
+  REQUIRE(std::fpclassify(tiny) == FP_SUBNORMAL);
+  const auto x = tg::full<float>({n}, tiny);
+  auto count_nonzero = [](const tg::Tensor<float>& t) {
+    const auto v = t.to_vector();
+    return std::count_if(v.begin(), v.end(), [](float e) { return e != 0.0f; });
+  };
+  REQUIRE_FALSE(tg::cpu::flushing_denormals());
+  CHECK(count_nonzero(x * 0.5f) == n);  // IEEE: a smaller subnormal
+  {
+    tg::cpu::FlushDenormals flush;
+    CHECK(tg::cpu::flushing_denormals());
+    CHECK(count_nonzero(x * 0.5f) == 0);    // FTZ, in every thread
+    CHECK(count_nonzero(x * 1e30f) == 0);   // DAZ: a subnormal input reads as zero
+    CHECK(count_nonzero(tg::full<float>({n}, 1e-30f) * 1e-10f) == 0);  // normal inputs, subnormal result
+    CHECK(count_nonzero(tg::full<float>({n}, 1e-30f) * 1e3f) == n);   // normal results untouched
+  }
+  CHECK_FALSE(tg::cpu::flushing_denormals());
+  CHECK(count_nonzero(x * 0.5f) == n);
+#else
+  WARN("not x86: no subnormal flushing to test");
+#endif
 }

@@ -229,6 +229,27 @@ TEST_CASE("reductions over an axis and over everything", "[ops][reduce]") {
   CHECK_THROWS_WITH(tg::sum(x, 3), Contains("[sum] axis 3 is out of range for shape (3, 4, 5)"));
 }
 
+TEST_CASE("column reductions (inner > 1) equal the in-order loop bitwise, across column chunks", "[ops][reduce]") {
+  // 130 columns: two full 64-wide chunks and a partial one; 3 outer rows; 37 reduced rows.
+  const auto x = input(33, {3, 37, 130}, 3.0);
+  const auto v = x.to_vector();
+  std::vector<float> sum(3 * 130), max(3 * 130);
+  for (int o = 0; o < 3; ++o)
+    for (int c = 0; c < 130; ++c) {
+      float s = 0.0f, m = -INFINITY;
+      for (int k = 0; k < 37; ++k) {
+        const float e = v[static_cast<std::size_t>((o * 37 + k) * 130 + c)];
+        s += e;
+        m = std::max(m, e);
+      }
+      sum[static_cast<std::size_t>(o * 130 + c)] = s, max[static_cast<std::size_t>(o * 130 + c)] = m;
+    }
+  CHECK(tg::sum(x, 1).to_vector() == sum);
+  CHECK(tg::max(x, 1).to_vector() == max);
+  const auto means = tg::mean(x, 1).to_vector();
+  for (std::size_t i = 0; i < means.size(); ++i) CHECK(means[i] == sum[i] / 37.0f);
+}
+
 TEST_CASE("whole-tensor sums are accurate and bitwise reproducible", "[ops][reduce]") {
   // 1,000,003 elements: several chunk levels and a ragged tail. Chunked f32 accumulation keeps the
   // relative error near 4096 * 2^-24 ~ 2.4e-4 at worst; against the double sum we allow 1e-4 relative.

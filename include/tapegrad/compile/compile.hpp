@@ -88,7 +88,7 @@ struct PlanFor : PlanBase {
 template <Device D>
 void plan_copy(void* dst, const void* src, std::size_t bytes) {
   if constexpr (std::is_same_v<D, Cpu>) {
-    cpu_kernel([dst, src, bytes] { std::memcpy(dst, src, bytes); });
+    cpu_kernel([dst, src, bytes] { cpu::copy(dst, src, bytes); });
   } else {
     copy_bytes<D, D>(dst, src, bytes);
   }

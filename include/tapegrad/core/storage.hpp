@@ -10,6 +10,7 @@
 
 #include "tapegrad/core/device.hpp"
 #include "tapegrad/core/error.hpp"
+#include "tapegrad/backend/cpu/loops.hpp"
 
 #if defined(TG_WITH_CUDA)
 #include "tapegrad/backend/cuda/context.hpp"
@@ -79,7 +80,7 @@ template <Device Dst, Device Src>
 void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   if constexpr (std::is_same_v<Dst, Cpu> && std::is_same_v<Src, Cpu>) {
-    std::memcpy(dst, src, bytes);
+    cpu::copy(dst, src, bytes);
   } else {
 #if defined(TG_WITH_CUDA)
     const cudaMemcpyKind kind = std::is_same_v<Src, Cpu>   ? cudaMemcpyHostToDevice

@@ -29,10 +29,12 @@ class Tensor;
 namespace detail {
 
 /// Runs f(i) for i in [0, n) on device D: an OpenMP loop on the CPU, a grid-stride kernel on CUDA.
+/// `work_per_item` (in element operations; a transcendental function counts several) lets the CPU loop
+/// go parallel for few but heavy items, such as the rows of a softmax.
 template <Device D, class F>
-void index_map(std::int64_t n, const F& f) {
+void index_map(std::int64_t n, const F& f, std::int64_t work_per_item = 1) {
   if constexpr (std::is_same_v<D, Cpu>) {
-    cpu_kernel([n, f] { cpu::index_map(n, f); });
+    cpu_kernel([n, f, work_per_item] { cpu::index_map(n, f, work_per_item); });
   } else {
 #if defined(TG_CUDA_KERNELS)
     cuda::index_map(n, f);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tapegrad/backend/cpu/onednn.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/ops/functors.hpp"
 
@@ -167,6 +168,19 @@ struct BinaryFn {
   }
 };
 
+/// BinaryFn for inputs of the result's shape: plain indexing, which vectorises.
+template <class Op, class TIn, class TOut>
+struct SameShapeBinaryFn {
+  const TIn* a;
+  const TIn* b;
+  TOut* y;
+  Op op;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<TIn>;
+    y[i] = convert_to<TOut>(op(convert_from<C>(a[i]), convert_from<C>(b[i])));
+  }
+};
+
 template <class T>
 struct SelectFn {
   const std::uint8_t* cond;
@@ -181,17 +195,50 @@ struct SelectFn {
 
 }  // namespace detail
 
+namespace detail {
+
+/// The activations oneDNN has vectorised CPU kernels for (forward and backward): GELU in both forms,
+/// whose exp / erf would otherwise be scalar libm calls.
+template <class Op> inline constexpr Activation onednn_activation = Activation::none;
+template <> inline constexpr Activation onednn_activation<fn::Gelu> = Activation::gelu;
+template <> inline constexpr Activation onednn_activation<fn::GeluExact> = Activation::gelu_exact;
+
+template <class Op, class T, class D>
+constexpr bool use_onednn_eltwise = std::is_same_v<D, Cpu> && std::is_same_v<T, float> && onednn_activation<Op> != Activation::none;
+
+/// y = op(x) on n elements.
+template <class Op, class T, class D>
+void unary_forward(std::int64_t n, const T* x, T* y, Op op) {
+  if constexpr (use_onednn_eltwise<Op, T, D>) {
+    if (n > 0) cpu_kernel([n, x, y] { cpu::OneDnn::instance().eltwise(onednn_activation<Op>, false, n, x, nullptr, y); });
+  } else {
+    index_map<D>(n, UnaryFn<Op, T, T>{x, y, op});
+  }
+}
+
+/// dx = dy * op'(x) on n elements (y = op(x) is given for ops whose derivative reads it).
+template <class Op, class T, class D>
+void unary_backward(std::int64_t n, const T* x, const T* y, const T* dy, T* dx, Op op) {
+  if constexpr (use_onednn_eltwise<Op, T, D>) {
+    if (n > 0) cpu_kernel([n, x, dy, dx] { cpu::OneDnn::instance().eltwise(onednn_activation<Op>, true, n, x, dy, dx); });
+  } else {
+    index_map<D>(n, UnaryBackwardFn<Op, T>{x, y, dy, dx, op});
+  }
+}
+
+}  // namespace detail
+
 /// y = op(x) elementwise, for an op functor of ops/functors.hpp. Output type: the input's.
 template <class Op, Element T, Device D>
 Tensor<T, D> map(const Tensor<T, D>& x, Op op = {}, const char* name = "map") {
   detail::check_defined(x, name);
   Tensor<T, D> y(x.shape());
-  detail::index_map<D>(x.size(), detail::UnaryFn<Op, T, T>{x.data(), y.data(), op});
+  detail::unary_forward<Op, T, D>(x.size(), x.data(), y.data(), op);
   if constexpr (FloatElement<T> && detail::UnaryDifferentiable<Op, compute_t<T>>) {
     if (detail::recording(x)) {
       detail::record(y, {x.trace()}, [in = x.trace(), x0 = x.untraced(), y0 = y.untraced(), op](detail::Tape& t, const Tensor<T, D>& dy) {
         Tensor<T, D> dx(x0.shape());
-        detail::index_map<D>(x0.size(), detail::UnaryBackwardFn<Op, T>{x0.data(), y0.data(), dy.data(), dx.data(), op});
+        detail::unary_backward<Op, T, D>(x0.size(), x0.data(), y0.data(), dy.data(), dx.data(), op);
         t.accumulate(in, dx);
       });
     }
@@ -209,7 +256,8 @@ auto map2(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op = {}, const char* 
   const Shape* in[2] = {&a.shape(), &b.shape()};
   const detail::BroadcastIndex<2> index(out, in);
   Tensor<R, D> y(out);
-  detail::index_map<D>(y.size(), detail::BinaryFn<Op, T, R>{a.data(), b.data(), y.data(), op, index});
+  if (index.trivial[0] && index.trivial[1]) detail::index_map<D>(y.size(), detail::SameShapeBinaryFn<Op, T, R>{a.data(), b.data(), y.data(), op});
+  else detail::index_map<D>(y.size(), detail::BinaryFn<Op, T, R>{a.data(), b.data(), y.data(), op, index});
   if constexpr (std::is_same_v<R, T> && FloatElement<T> && detail::BinaryDifferentiable<Op, compute_t<T>>) {
     if (detail::recording(a, b)) {
       detail::record(y, {a.trace(), b.trace()},

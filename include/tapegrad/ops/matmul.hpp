@@ -69,6 +69,16 @@ struct ActBackwardFn {
 
 template <class T, class D>
 Tensor<T, D> activation_backward(const Tensor<T, D>& g, const Tensor<T, D>& z, Activation act) {
+  if (act == Activation::gelu || act == Activation::gelu_exact) {
+    if constexpr (use_onednn_eltwise<fn::Gelu, T, D>) {
+      TG_CHECK(g.shape() == z.shape(), "linear_backward", "gradient of shape ", g.shape().str(), " for a pre-activation of shape ",
+               z.shape().str());
+      Tensor<T, D> dz(z.shape());
+      if (act == Activation::gelu) unary_backward<fn::Gelu, T, D>(z.size(), z.data(), nullptr, g.data(), dz.data(), {});
+      else unary_backward<fn::GeluExact, T, D>(z.size(), z.data(), nullptr, g.data(), dz.data(), {});
+      return dz;
+    }
+  }
   switch (act) {
     case Activation::relu: return map2(g, z, ActBackwardFn<fn::Relu>{}, "linear_backward");
     case Activation::gelu: return map2(g, z, ActBackwardFn<fn::Gelu>{}, "linear_backward");

@@ -138,12 +138,12 @@ Tensor<T, D> softmax_cross_entropy_with_integer_labels(const Tensor<T, D>& logit
   const std::int64_t n = logits.dim(-1);
   detail::check_labels(labels, n, op);
   Tensor<T, D> loss(labels.shape());
-  detail::index_map<D>(labels.size(), detail::SoftmaxCrossEntropyFn<T>{logits.data(), labels.data(), loss.data(), n});
+  detail::index_map<D>(labels.size(), detail::SoftmaxCrossEntropyFn<T>{logits.data(), labels.data(), loss.data(), n}, 8 * n);
   if (detail::recording(logits)) {
     detail::record(loss, {logits.trace()}, [in = logits.trace(), x0 = logits.untraced(), y = labels, n](
                                                detail::Tape& t, const Tensor<T, D>& dloss) {
       Tensor<T, D> dx(x0.shape());
-      detail::index_map<D>(y.size(), detail::SoftmaxCrossEntropyBackwardFn<T>{x0.data(), y.data(), dloss.data(), dx.data(), n});
+      detail::index_map<D>(y.size(), detail::SoftmaxCrossEntropyBackwardFn<T>{x0.data(), y.data(), dloss.data(), dx.data(), n}, 16 * n);
       t.accumulate(in, dx);
     });
   }
