@@ -22,3 +22,6 @@
 #include "tapegrad/autodiff/check_grads.hpp"
 #include "tapegrad/optim/optim.hpp"
 #include "tapegrad/compile/compile.hpp"
+#include "tapegrad/data/idx.hpp"
+#include "tapegrad/data/batches.hpp"
+#include "tapegrad/io/safetensors.hpp"

@@ -1,0 +1,64 @@
+// Fixed-size batches for training: pixels scaled to [0, 1] and flattened, optionally shuffled once with a
+// seed (jax.random.permutation's order), cut into equal batches with the tail trimmed, and moved to the
+// device once, so that the training loop never copies from the host.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "tapegrad/core/error.hpp"
+#include "tapegrad/core/tensor.hpp"
+#include "tapegrad/random/random.hpp"
+
+namespace tg::data {
+
+/// One batch: x (B, features) float32, y (B,) int32 class labels.
+template <Device D>
+struct Batch {
+  Tensor<float, D> x;
+  Tensor<std::int32_t, D> y;
+};
+
+/// Batches of `batch_size` examples from images (N, d1, ...) and labels (N,) of a data set of
+/// `num_classes` classes: each image flattened to d1 * d2 * ... floats = pixel / 255; with
+/// `shuffle_key`, examples in the order of random::permutation(key, N), else in file order;
+/// N / batch_size batches (the last N % batch_size examples are dropped); each batch moved to D.
+/// Throws for mismatched counts, a batch size out of [1, N], and a label outside [0, num_classes).
+template <Device D>
+std::vector<Batch<D>> fixed_batches(const Tensor<std::uint8_t>& images, const Tensor<std::uint8_t>& labels, std::int64_t batch_size,
+                                    int num_classes, std::optional<random::Key> shuffle_key = std::nullopt) {
+  TG_CHECK(images.rank() >= 1 && labels.rank() == 1 && images.shape()[0] == labels.shape()[0], "fixed_batches",
+           "images ", images.shape().str(), " and labels ", labels.shape().str(), " must hold the same number of examples");
+  const std::int64_t n = labels.shape()[0];
+  TG_CHECK(batch_size >= 1 && batch_size <= n, "fixed_batches", "batch size ", batch_size, " must be in [1, ", n,
+           "], the number of examples");
+  const std::int64_t features = n > 0 ? images.size() / n : 0;
+  const std::vector<std::uint8_t> pixels = images.to_vector();
+  const std::vector<std::uint8_t> classes = labels.to_vector();
+  for (std::int64_t i = 0; i < n; ++i)
+    TG_CHECK(classes[static_cast<std::size_t>(i)] < num_classes, "fixed_batches", "label ", int(classes[static_cast<std::size_t>(i)]),
+             " of example ", i, " is outside [0, ", num_classes, ")");
+  std::vector<std::int32_t> order(static_cast<std::size_t>(n));
+  if (shuffle_key) order = random::permutation(*shuffle_key, n).to_vector();
+  else
+    for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+
+  std::vector<Batch<D>> batches;
+  std::vector<float> x(static_cast<std::size_t>(batch_size * features));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(batch_size));
+  for (std::int64_t b = 0; b + 1 <= n / batch_size; ++b) {
+    for (std::int64_t r = 0; r < batch_size; ++r) {
+      const auto src = static_cast<std::size_t>(order[static_cast<std::size_t>(b * batch_size + r)]);
+      const std::uint8_t* p = pixels.data() + src * static_cast<std::size_t>(features);
+      float* q = x.data() + r * features;
+      for (std::int64_t f = 0; f < features; ++f) q[f] = static_cast<float>(p[f]) / 255.0f;
+      y[static_cast<std::size_t>(r)] = classes[src];
+    }
+    batches.push_back({from_vector<D>(x, {batch_size, features}), from_vector<D>(y, {batch_size})});
+  }
+  return batches;
+}
+
+}  // namespace tg::data
