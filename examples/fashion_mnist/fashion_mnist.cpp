@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 #include <iostream>
 #include <optional>
@@ -39,8 +40,8 @@ struct Config {
   std::uint32_t seed = 0;
   std::string dtype = "f32";
   std::string device = "auto";
-  std::string data_dir, out = "fashion_mnist_out";
-  bool no_download = false, no_verify = false, quiet = false;
+  std::string data_dir, out = "fashion_mnist_out", save, resume;
+  bool no_download = false, no_verify = false, quiet = false, check_numerics = false;
   int timing_steps = 100;
   double tokens_per_example = 784;
 };
@@ -51,11 +52,20 @@ struct Mlp {
 };
 TG_PYTREE(Mlp, w1, b1, w2, b2, w3, b3)
 
+/// What --save writes and --resume reads: parameters and optimizer state (the step is in the metadata).
+template <class P, class S>
+struct TrainState {
+  P params;
+  S opt_state;
+};
+TG_PYTREE(TrainState, params, opt_state)
+
 template <class D>
 struct Metrics {
   tg::Tensor<float, D> loss, accuracy, grad_norm;
+  Mlp<float, D> grad_flags;  // tg::nonfinite_flags of the gradients under --check-numerics, else zeros
 };
-TG_PYTREE(Metrics, loss, accuracy, grad_norm)
+TG_PYTREE(Metrics, loss, accuracy, grad_norm, grad_flags)
 
 /// He-normal weights from key(1) (split in three, one per layer, as the codelab's JAX code), zero biases.
 template <class D>
@@ -114,7 +124,7 @@ struct Outputs {
   fm::Report report;
   json metrics = json::object();
   std::vector<std::uint8_t> class_png, predictions_png;
-  std::function<void(const std::string&)> save_params;
+  std::function<void(const std::string&)> save_params, save_checkpoint;
 };
 
 template <class D>
@@ -306,10 +316,12 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   // 6. AdamW ------------------------------------------------------------------------------------------
   const auto optimizer = tg::optim::adamw(c.lr, {.weight_decay = c.weight_decay});  // chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate)
   using State = decltype(optimizer.init(std::declval<Params>()));
-  auto train_step = [&optimizer]<class C>(const Params& p, const State& s, const Tensor& x, const Labels& y) {
+  const bool check = c.check_numerics;
+  auto train_step = [&optimizer, check]<class C>(const Params& p, const State& s, const Tensor& x, const Labels& y) {
     auto [out_, grads] = tg::value_and_grad(loss_with_accuracy<C, D>, tg::has_aux)(p, x, y);
     auto [updates, next] = optimizer.update(grads, s, p);
-    Metrics<D> m{out_.first, out_.second, tg::global_norm(grads)};
+    auto flags = check ? tg::nonfinite_flags(grads) : tg::tree_map([](const auto&) { return tg::zeros<float, D>({}); }, grads);
+    Metrics<D> m{out_.first, out_.second, tg::global_norm(grads), flags};
     return std::tuple{tg::optim::apply_updates(p, updates), next, m};
   };
   auto step_f32 = tg::compile([&](const Params& p, const State& s, const Tensor& x, const Labels& y) {
@@ -327,6 +339,32 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   State state = optimizer.init(params);
   std::vector<double> h_step, h_loss, h_acc, h_norm;
   double adamw_eps = 0;
+  // What must match for a checkpoint to continue this run bitwise: the data order and the model.
+  const std::map<std::string, std::string> run_identity{{"seed", std::to_string(c.seed)}, {"batch", std::to_string(c.batch)},
+                                                        {"hidden", std::to_string(c.hidden[0]) + "," + std::to_string(c.hidden[1])},
+                                                        {"lr", fm::fmt("%.17g", c.lr)}, {"weight_decay", fm::fmt("%.17g", c.weight_decay)},
+                                                        {"dtype", c.dtype}};
+  int first_step = 1;
+  if (!c.resume.empty()) {
+    TrainState<Params, State> loaded{params, state};
+    std::map<std::string, std::string> meta;
+    try {
+      meta = tg::io::load_safetensors(c.resume, loaded);
+    } catch (const tg::Error& e) {
+      throw fm::DataError(std::string("--resume: ") + e.what());
+    }
+    for (const auto& [key, value] : run_identity)
+      if (!meta.count(key) || meta.at(key) != value)
+        throw fm::DataError("--resume " + c.resume + ": saved with " + key + " = " + (meta.count(key) ? meta.at(key) : "(none)") +
+                            ", this run has " + value + "; resume with the same options");
+    const int saved = meta.count("step") ? std::atoi(meta.at("step").c_str()) : -1;
+    if (saved < 0 || saved >= c.steps)
+      throw fm::DataError("--resume " + c.resume + ": saved at step " + std::to_string(saved) + ", but --steps is " + std::to_string(c.steps) +
+                          "; ask for more steps than were done");
+    params = std::move(loaded.params), state = std::move(loaded.opt_state);
+    first_step = saved + 1;
+    say("Resumed from " + c.resume + " after step " + std::to_string(saved) + ".");
+  }
   {
     auto [p1, s1, m1] = step_main(Params(params), State(state), train[0].x, train[0].y);
     fm::Table one{"one AdamW step (first batch)", {"loss", "batch accuracy", "gradient norm"}, {}};
@@ -334,16 +372,20 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     show(one);
 
     fm::Progress progress("training", c.steps, c.quiet);
-    const int warmup = std::min(5, c.steps);
+    const int warmup = std::min(5, c.steps - first_step + 1);
     std::vector<std::pair<int, Metrics<D>>> pending;  // on the device until logged
     clock_type::time_point t0 = clock_type::now();
     std::string status;
-    for (int i = 1; i <= c.steps; ++i) {
-      if (i == warmup + 1) t0 = clock_type::now();
+    for (int i = first_step; i <= c.steps; ++i) {
+      if (i == first_step + warmup) t0 = clock_type::now();
       const auto& b = train[static_cast<std::size_t>(i - 1) % train.size()];
       auto [p, s, m] = step_main(std::move(params), std::move(state), b.x, b.y);
       params = std::move(p), state = std::move(s);
-      const bool log = i % c.log_every == 0 || i == 1 || i == c.steps;
+      if (c.check_numerics) {
+        tg::check_finite(m.loss, "loss at step " + std::to_string(i));
+        tg::raise_if_nonfinite(m.grad_flags, "gradient at step " + std::to_string(i));
+      }
+      const bool log = i % c.log_every == 0 || i == first_step || i == c.steps;
       if (log) pending.emplace_back(i, m);
       if (log) {
         for (auto& [at, mm] : pending) {
@@ -354,7 +396,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
       }
       progress.update(i, status, log);
     }
-    const int timed = c.steps - warmup;
+    const int timed = c.steps - first_step + 1 - warmup;
     adamw_eps = timed > 0 ? static_cast<double>(timed) * static_cast<double>(c.batch) / seconds_since(t0) : 0.0;  // the last log synchronised
     fm::Table hist{"history", {"step", "loss", "batch accuracy", "gradient norm"}, {}};
     json history = json::array();
@@ -519,6 +561,14 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   }
   metrics["config"] = {{"steps", c.steps}, {"batch", c.batch}, {"hidden", c.hidden}, {"lr", c.lr}, {"weight_decay", c.weight_decay},
                        {"sgd_lr", c.sgd_lr}, {"log_every", c.log_every}, {"seed", c.seed}, {"dtype", c.dtype}, {"timing_steps", c.timing_steps}};
+  if (!c.save.empty()) {
+    std::map<std::string, std::string> meta = run_identity;
+    meta["step"] = std::to_string(c.steps);
+    meta["tapegrad"] = tg::version;
+    out.save_checkpoint = [ts = TrainState<Params, State>{params, state}, meta](const std::string& path) {
+      tg::io::save_safetensors(path, ts, meta);
+    };
+  }
   out.save_params = [p = params, steps = c.steps](const std::string& path) {
     tg::io::save_safetensors(path, p, {{"tapegrad", tg::version}, {"steps", std::to_string(steps)}});
   };
@@ -557,9 +607,12 @@ int main(int argc, char** argv) {
   app.add_option("--timing-steps", c.timing_steps, "timed steps of the compiled SGD step (step 5, eager: a fifth) and of each compute dtype (step 8)")
       ->check(CLI::Range(1, 10000000))->capture_default_str();
   app.add_option("--tokens-per-example", c.tokens_per_example, "tokens per example for the tokens/sec projection")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--save", c.save, "write a checkpoint (parameters, optimizer state, step) here at the end of training");
+  app.add_option("--resume", c.resume, "continue the AdamW training from a checkpoint written by --save (same options)");
   app.add_flag("--no-download", c.no_download, "never download the data set");
   app.add_flag("--no-verify", c.no_verify, "skip the SHA-256 check of the data (for a modified copy of the data set)");
   app.add_flag("--quiet", c.quiet, "print nothing but errors");
+  app.add_flag("--check-numerics", c.check_numerics, "stop with an error naming the leaf when the loss or a gradient becomes NaN or Inf (reads flags every step)");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -591,6 +644,7 @@ int main(int argc, char** argv) {
     write_whole(dir / "test_predictions.png", as_string(out.predictions_png));
     write_whole(dir / "metrics.json", out.metrics.dump(2) + "\n");
     out.save_params((dir / "params.safetensors").string());
+    if (out.save_checkpoint) out.save_checkpoint(c.save);
     write_whole(dir / "report.html", out.report.document("tapegrad: Fashion-MNIST, the codelab end to end"));
     if (!c.quiet)
       std::cout << "wrote " << (dir / "report.html").string() << ", metrics.json, class_examples.png, test_predictions.png, params.safetensors ("

@@ -20,6 +20,7 @@
 #include "tapegrad/tree/pytree.hpp"
 #include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/autodiff/check_grads.hpp"
+#include "tapegrad/autodiff/check_numerics.hpp"
 #include "tapegrad/optim/optim.hpp"
 #include "tapegrad/compile/compile.hpp"
 #include "tapegrad/data/idx.hpp"

@@ -80,6 +80,18 @@ TEST_CASE("CUDA and cuBLAS failures carry file:line, the call and the library's 
   }
 }
 
+TEST_CASE("launch failures and out of memory name the op, the sizes and what to do", "[errors][cuda]") {
+  // The paths that need a GPU to happen; their messages are built here.
+  using Fn = tg::detail::UnaryFn<tg::fn::Gelu, float, float>;
+  CHECK_THROWS_WITH(tg::cuda::detail::throw_launch(cudaErrorLaunchOutOfResources, "index_map_kernel", tg::cuda::detail::type_name<Fn>(),
+                                                   1000, 4, 256, "launch.hpp", 29),
+                    Contains("[cuda] launch.hpp:29: launch of index_map_kernel running tg::detail::UnaryFn<tg::fn::Gelu, float, float> over "
+                             "1000 elements (4 blocks of 256 threads) failed: cudaErrorLaunchOutOfResources (too many resources requested for launch)"));
+  const std::string oom = tg::cuda::detail::out_of_memory_message(std::size_t{3} << 30, 0, std::size_t{1} << 30, std::size_t{141} << 30);
+  CHECK_THAT(oom, Contains("[cuda::allocate] out of memory allocating 3221225472 bytes (3072 MiB) on cuda:0 (1073741824 of ") &&
+                      Contains("bytes free); use smaller batches or free tensors first"));
+}
+
 TEST_CASE("cuBLASLt descriptors for every epilogue are set up without a GPU", "[matmul][cuda]") {
   using tg::cuda::Epilogue;
   // The row-major problem (512, 784) @ (784, 256) as cuBLASLt sees it: D^T (256 x 512) = W^T X^T.

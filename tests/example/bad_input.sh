@@ -69,6 +69,9 @@ long_images() { (zcat "$src/t10k-images-idx3-ubyte.gz"; printf 'xx') | gzip -c; 
 d=$(variant trailing t10k-images-idx3-ubyte.gz long_images)
 expect "$d" 2 -- --no-verify -- "$d/t10k-images-idx3-ubyte.gz" "trailing bytes"
 
+# Training that diverges, under the numerics guard: stops at the first NaN / Inf, naming the leaf.
+expect "$src" 1 -- --check-numerics --lr 1e37 -- "\[check_numerics\] (loss|gradient) at step [0-9]+: '[^']+' holds a NaN or Inf"
+
 # Bad flags: CLI11's message and its exit code (105: a value that fails validation; 109: an unknown option).
 expect "$work/empty" 105 -- --steps -3 -- "--steps: Value -3 not in range 1 to 10000000"
 expect "$work/empty" 105 -- --dtype f16 -- "--dtype: f16 not in"

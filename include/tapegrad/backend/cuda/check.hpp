@@ -6,9 +6,40 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <cxxabi.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <typeinfo>
+
 #include "tapegrad/core/error.hpp"
 
 namespace tg::cuda::detail {
+
+/// The readable name of a type (for messages about the functor a kernel ran).
+template <class T>
+std::string type_name() {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(typeid(T).name(), nullptr, nullptr, &status), std::free);
+  return status == 0 && name ? name.get() : typeid(T).name();
+}
+
+/// A failed kernel launch: the kernel, the functor (which names the op), the size and the launch shape.
+[[noreturn]] inline void throw_launch(cudaError_t err, const char* kernel, const std::string& functor, std::int64_t n,
+                                      std::int64_t blocks, int threads, const char* file, int line) {
+  throw Error(::tg::detail::concat("[cuda] ", file, ":", line, ": launch of ", kernel, " running ", functor, " over ", n,
+                                   " elements (", blocks, " blocks of ", threads, " threads) failed: ", cudaGetErrorName(err), " (",
+                                   cudaGetErrorString(err), ")"));
+}
+
+/// The message for an allocation the pool could not serve.
+inline std::string out_of_memory_message(std::size_t bytes, int device, std::size_t free, std::size_t total) {
+  return ::tg::detail::concat("[cuda::allocate] out of memory allocating ", bytes, " bytes (", static_cast<double>(bytes) / (1 << 20),
+                              " MiB) on cuda:", device, " (", free, " of ", total,
+                              " bytes free); use smaller batches or free tensors first");
+}
 
 [[noreturn]] inline void throw_cuda(cudaError_t err, const char* call, const char* file, int line) {
   throw Error(::tg::detail::concat("[cuda] ", file, ":", line, ": ", call, " failed: ", cudaGetErrorName(err),

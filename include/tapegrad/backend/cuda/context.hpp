@@ -96,8 +96,7 @@ inline void* allocate(std::size_t bytes, int device) {
     (void)cudaGetLastError();
     std::size_t free = 0, total = 0;
     (void)cudaMemGetInfo(&free, &total);
-    ::tg::detail::fail("cuda::allocate", "out of memory allocating ", bytes, " bytes on cuda:", device, " (",
-                       free, " of ", total, " bytes free); use smaller batches or free tensors first");
+    throw Error(detail::out_of_memory_message(bytes, device, free, total));
   }
   TG_CUDA_CHECK(err);
   return p;

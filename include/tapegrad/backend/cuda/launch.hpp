@@ -25,7 +25,8 @@ void index_map(std::int64_t n, const F& f) {
   // Enough blocks to fill any current GPU several times over; the grid-stride loop covers the rest.
   const std::int64_t blocks = std::min<std::int64_t>((n + threads - 1) / threads, 65536);
   index_map_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream()>>>(n, f);
-  TG_CUDA_CHECK_LAUNCH("index_map_kernel");
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess)
+    detail::throw_launch(err, "index_map_kernel", detail::type_name<F>(), n, blocks, threads, __FILE__, __LINE__);
 }
 
 }  // namespace tg::cuda
