@@ -143,6 +143,20 @@ TEST_CASE("fixed_batches scales, shuffles in permutation order, trims the tail a
       CHECK(shuffled[static_cast<std::size_t>(b)].x.at({r, 2}) == static_cast<float>(px[static_cast<std::size_t>(src * 6 + 2)]) / 255.0f);
     }
 
+  // Shards: rank r's batches are the r-th halves of the global batches, in order.
+  const auto half0 = tg::data::fixed_batches<tg::Cpu>(images, labels, 10, 10, key, 0, 2);
+  const auto half1 = tg::data::fixed_batches<tg::Cpu>(images, labels, 10, 10, key, 1, 2);
+  const auto whole = tg::data::fixed_batches<tg::Cpu>(images, labels, 10, 10, key);
+  REQUIRE(half0.size() == 2);
+  REQUIRE(half1.size() == 2);
+  for (std::size_t b = 0; b < 2; ++b) {
+    const auto y = whole[b].y.to_vector(), y0 = half0[b].y.to_vector(), y1 = half1[b].y.to_vector();
+    CHECK(std::vector<std::int32_t>(y.begin(), y.begin() + 5) == y0);
+    CHECK(std::vector<std::int32_t>(y.begin() + 5, y.end()) == y1);
+    CHECK(half1[b].x.at({4, 5}) == whole[b].x.at({9, 5}));
+  }
+  CHECK_THROWS_WITH(tg::data::fixed_batches<tg::Cpu>(images, labels, 5, 10, key, 0, 2), Contains("batch size 5 does not split into 2 equal shards"));
+
   lab[17] = 10;
   CHECK_THROWS_WITH(tg::data::fixed_batches<tg::Cpu>(images, tg::from_vector(lab, {n}), 5, 10),
                     Contains("[fixed_batches] label 10 of example 17 is outside [0, 10)"));

@@ -23,6 +23,10 @@
 #include <tuple>
 #include <vector>
 
+#if defined(TG_WITH_DIST)
+#include <tapegrad/dist/dist.hpp>
+#endif
+
 #include "dataset.hpp"
 #include "report.hpp"
 
@@ -41,7 +45,8 @@ struct Config {
   std::string dtype = "f32";
   std::string device = "auto";
   std::string data_dir, out = "fashion_mnist_out", save, resume;
-  bool no_download = false, no_verify = false, quiet = false, check_numerics = false;
+  bool no_download = false, no_verify = false, quiet = false, check_numerics = false, data_parallel = false;
+  int rank = 0, ranks = 1;  // data parallel: this process's rank and the number of ranks
   int timing_steps = 100;
   double tokens_per_example = 784;
 };
@@ -173,6 +178,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     t.rows.push_back({"CUDA devices", tg::cuda::describe_devices()});
     t.rows.push_back({"CPU threads (OpenMP)", std::to_string(omp_get_max_threads())});
     t.rows.push_back({"device in use", device});
+    if (c.ranks > 1) t.rows.push_back({"data parallel", std::to_string(c.ranks) + " ranks (MPI" + std::string(std::is_same_v<D, tg::Cpu> ? ")" : "; NCCL between GPUs)")});
     show(t);
     metrics["versions"] = {{"tapegrad", tg::version}, {"onednn", t.rows[1][1]}};
     metrics["device"] = device;
@@ -215,7 +221,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
           "Pixels / 255, flattened to 784; the training set shuffled once with key(" + std::to_string(c.seed) +
               ") (jax.random.permutation's order) and cut into batches of " + std::to_string(c.batch) +
               " (tail trimmed); the test set in file order. Moved to the device once.");
-  const auto train = tg::data::fixed_batches<D>(data.train.images, data.train.labels, c.batch, 10, tg::random::key(c.seed));
+  const auto train = tg::data::fixed_batches<D>(data.train.images, data.train.labels, c.batch, 10, tg::random::key(c.seed), c.rank, c.ranks);
   const auto test = tg::data::fixed_batches<D>(data.test.images, data.test.labels, c.batch, 10);
   {
     fm::Table t{"device arrays", {"array", "shape", "dtype", "device"}, {}};
@@ -228,7 +234,10 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     row("test images", test.size(), test[0].x);
     row("test labels", test.size(), test[0].y);
     show(t);
-    metrics["batches"] = {{"train", train.size()}, {"test", test.size()}, {"batch_size", c.batch}};
+    if (c.ranks > 1)
+      say("Data parallel: each of the " + std::to_string(c.ranks) + " ranks holds its " + std::to_string(c.batch / c.ranks) +
+          " examples of every global batch of " + std::to_string(c.batch) + " (shown: rank 0's); the test set is evaluated whole on every rank.");
+    metrics["batches"] = {{"train", train.size()}, {"test", test.size()}, {"batch_size", c.batch}, {"ranks", c.ranks}};
   }
 
   // 4. Model and one step by hand ---------------------------------------------------------------------
@@ -288,7 +297,8 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
       std::tie(p, last) = sgd_step<D>(p, b.x, b.y, lr);
     }
     (void)last.item();  // synchronises
-    eager_eps = static_cast<double>(eager_steps * c.batch) / seconds_since(t0);
+    const std::int64_t local_batch = c.batch / c.ranks;  // step 5 runs on this rank alone
+    eager_eps = static_cast<double>(eager_steps * local_batch) / seconds_since(t0);
     auto step = tg::compile([lr](const Params& q, const Tensor& x, const Labels& y) { return sgd_step<D>(q, x, y, lr); });
     Params q = params;
     for (int i = 0; i < 5; ++i) std::tie(q, last) = step(std::move(q), train[i % train.size()].x, train[i % train.size()].y);
@@ -299,7 +309,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
       std::tie(q, last) = step(std::move(q), b.x, b.y);
     }
     (void)last.item();
-    compiled_eps = static_cast<double>(compiled_steps * c.batch) / seconds_since(t0);
+    compiled_eps = static_cast<double>(compiled_steps * local_batch) / seconds_since(t0);
     fm::Table t{"SGD step throughput", {"mode", "steps timed", "examples/sec", "vs eager"}, {}};
     t.rows.push_back({"eager", std::to_string(eager_steps), fm::grouped(eager_eps), "1.00x"});
     t.rows.push_back({"compiled (tg::compile)", std::to_string(compiled_steps), fm::grouped(compiled_eps), fm::fmt("%.2fx", compiled_eps / eager_eps)});
@@ -316,9 +326,17 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   // 6. AdamW ------------------------------------------------------------------------------------------
   const auto optimizer = tg::optim::adamw(c.lr, {.weight_decay = c.weight_decay});  // chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate)
   using State = decltype(optimizer.init(std::declval<Params>()));
-  const bool check = c.check_numerics;
-  auto train_step = [&optimizer, check]<class C>(const Params& p, const State& s, const Tensor& x, const Labels& y) {
+  const bool check = c.check_numerics, data_parallel = c.ranks > 1;
+  auto train_step = [&optimizer, check, data_parallel]<class C>(const Params& p, const State& s, const Tensor& x, const Labels& y) {
     auto [out_, grads] = tg::value_and_grad(loss_with_accuracy<C, D>, tg::has_aux)(p, x, y);
+#if defined(TG_WITH_DIST)
+    if (data_parallel) {  // the mean over ranks: the gradient of the global batch's mean loss
+      grads = tg::dist::all_reduce_mean(grads);
+      out_ = tg::dist::all_reduce_mean(out_);
+    }
+#else
+    (void)data_parallel;
+#endif
     auto [updates, next] = optimizer.update(grads, s, p);
     auto flags = check ? tg::nonfinite_flags(grads) : tg::tree_map([](const auto&) { return tg::zeros<float, D>({}); }, grads);
     Metrics<D> m{out_.first, out_.second, tg::global_norm(grads), flags};
@@ -397,6 +415,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
       progress.update(i, status, log);
     }
     const int timed = c.steps - first_step + 1 - warmup;
+    // Global examples: c.batch per step over all ranks together.
     adamw_eps = timed > 0 ? static_cast<double>(timed) * static_cast<double>(c.batch) / seconds_since(t0) : 0.0;  // the last log synchronised
     fm::Table hist{"history", {"step", "loss", "batch accuracy", "gradient norm"}, {}};
     json history = json::array();
@@ -516,7 +535,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
       const auto t0 = clock_type::now();
       for (int i = 5; i < 5 + c.timing_steps; ++i) go(i);
       const double loss = m.loss.item();
-      eps.push_back(static_cast<double>(c.timing_steps) * static_cast<double>(c.batch) / seconds_since(t0));
+      eps.push_back(static_cast<double>(c.timing_steps) * static_cast<double>(c.batch) / seconds_since(t0));  // global batch
       t.rows.push_back({bf16 ? "bf16" : "f32", fm::grouped(eps.back()), fm::fmt("%.4f", loss), fm::fmt("%.2fx", eps.back() / eps.front())});
       metrics["throughput"][bf16 ? "adamw_bf16" : "adamw_f32"] = eps.back();
     }
@@ -553,6 +572,14 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     std::string list;
     for (const auto& d : bdev) list += (list.empty() ? "" : ", ") + d, all_here = all_here && d == device;
     t.rows.push_back({"batches (train and test)", std::to_string(2 * all.size()), list});
+#if defined(TG_WITH_DIST)
+    if (c.ranks > 1) {
+      tg::dist::check_identical(params, "parameters");  // throws on every rank if any rank drifted
+      tg::dist::check_identical(state, "optimizer state");
+      t.rows.push_back({"parameters and optimizer state on all " + std::to_string(c.ranks) + " ranks", "", "identical (hash compared)"});
+      metrics["ranks_identical"] = true;
+    }
+#endif
     show(t);
     say(std::string(all_here ? "Everything stayed on " : "NOT everything is on ") + device + ". Final training loss (step " +
         std::to_string(static_cast<int>(h_step.back())) + "): " + fm::fmt("%.4f", h_loss.back()) + ".");
@@ -612,9 +639,23 @@ int main(int argc, char** argv) {
   app.add_flag("--no-download", c.no_download, "never download the data set");
   app.add_flag("--no-verify", c.no_verify, "skip the SHA-256 check of the data (for a modified copy of the data set)");
   app.add_flag("--quiet", c.quiet, "print nothing but errors");
+  app.add_flag("--data-parallel", c.data_parallel, "under mpirun: every rank trains on its shard of each global batch, gradients averaged (MPI / NCCL)");
   app.add_flag("--check-numerics", c.check_numerics, "stop with an error naming the leaf when the loss or a gradient becomes NaN or Inf (reads flags every step)");
   CLI11_PARSE(app, argc, argv);
 
+#if defined(TG_WITH_DIST)
+  tg::dist::Communicator* comm = nullptr;
+  if (c.data_parallel) {
+    comm = &tg::dist::Communicator::world();
+    c.rank = comm->rank(), c.ranks = comm->size();
+    if (c.rank != 0) c.quiet = true;  // rank 0 logs and writes the outputs
+  }
+#else
+  if (c.data_parallel) {
+    std::cerr << "fashion_mnist: --data-parallel: this build has no MPI (install libopenmpi-dev and rebuild)\n";
+    return 2;
+  }
+#endif
   try {
     bool use_cuda = false;
 #if defined(TG_WITH_CUDA)
@@ -637,7 +678,8 @@ int main(int argc, char** argv) {
     run<tg::Cpu>(c, data, out);
 #endif
     out.metrics["seconds"] = seconds_since(t0);
-    // Everything is written at the end, each file whole or not at all.
+    if (c.rank != 0) return 0;
+    // Everything is written at the end, each file whole or not at all (by rank 0 alone).
     const std::filesystem::path dir(c.out);
     std::filesystem::create_directories(dir);
     write_whole(dir / "class_examples.png", as_string(out.class_png));
@@ -651,9 +693,15 @@ int main(int argc, char** argv) {
                 << fm::fmt("%.1f", seconds_since(t0)) << " s)\n";
     return 0;
   } catch (const fm::DataError& e) {
+#if defined(TG_WITH_DIST)
+    if (comm && comm->size() > 1) comm->abort(std::string("fashion_mnist: ") + e.what(), 2);
+#endif
     std::cerr << "fashion_mnist: " << e.what() << "\n";
     return 2;
   } catch (const std::exception& e) {
+#if defined(TG_WITH_DIST)
+    if (comm && comm->size() > 1) comm->abort(std::string("fashion_mnist: error: ") + e.what(), 1);
+#endif
     std::cerr << "fashion_mnist: error: " << e.what() << "\n";
     return 1;
   }

@@ -25,10 +25,16 @@ struct Batch {
 /// `num_classes` classes: each image flattened to d1 * d2 * ... floats = pixel / 255; with
 /// `shuffle_key`, examples in the order of random::permutation(key, N), else in file order;
 /// N / batch_size batches (the last N % batch_size examples are dropped); each batch moved to D.
-/// Throws for mismatched counts, a batch size out of [1, N], and a label outside [0, num_classes).
+/// With `shards` > 1 (data parallel), each batch is this shard's `batch_size / shards` consecutive
+/// examples of the global batch (shard `shard` of `shards`), so the shards of all ranks together are
+/// exactly the single-process batches. Throws for mismatched counts, a batch size out of [1, N] or not
+/// divisible by `shards`, and a label outside [0, num_classes).
 template <Device D>
 std::vector<Batch<D>> fixed_batches(const Tensor<std::uint8_t>& images, const Tensor<std::uint8_t>& labels, std::int64_t batch_size,
-                                    int num_classes, std::optional<random::Key> shuffle_key = std::nullopt) {
+                                    int num_classes, std::optional<random::Key> shuffle_key = std::nullopt, int shard = 0, int shards = 1) {
+  TG_CHECK(shards >= 1 && shard >= 0 && shard < shards, "fixed_batches", "shard ", shard, " of ", shards, " does not exist");
+  TG_CHECK(batch_size % shards == 0, "fixed_batches", "batch size ", batch_size, " does not split into ", shards,
+           " equal shards; use a multiple of ", shards);
   TG_CHECK(images.rank() >= 1 && labels.rank() == 1 && images.shape()[0] == labels.shape()[0], "fixed_batches",
            "images ", images.shape().str(), " and labels ", labels.shape().str(), " must hold the same number of examples");
   const std::int64_t n = labels.shape()[0];
@@ -46,17 +52,18 @@ std::vector<Batch<D>> fixed_batches(const Tensor<std::uint8_t>& images, const Te
     for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
 
   std::vector<Batch<D>> batches;
-  std::vector<float> x(static_cast<std::size_t>(batch_size * features));
-  std::vector<std::int32_t> y(static_cast<std::size_t>(batch_size));
+  const std::int64_t local = batch_size / shards, first = shard * local;
+  std::vector<float> x(static_cast<std::size_t>(local * features));
+  std::vector<std::int32_t> y(static_cast<std::size_t>(local));
   for (std::int64_t b = 0; b + 1 <= n / batch_size; ++b) {
-    for (std::int64_t r = 0; r < batch_size; ++r) {
-      const auto src = static_cast<std::size_t>(order[static_cast<std::size_t>(b * batch_size + r)]);
+    for (std::int64_t r = 0; r < local; ++r) {
+      const auto src = static_cast<std::size_t>(order[static_cast<std::size_t>(b * batch_size + first + r)]);
       const std::uint8_t* p = pixels.data() + src * static_cast<std::size_t>(features);
       float* q = x.data() + r * features;
       for (std::int64_t f = 0; f < features; ++f) q[f] = static_cast<float>(p[f]) / 255.0f;
       y[static_cast<std::size_t>(r)] = classes[src];
     }
-    batches.push_back({from_vector<D>(x, {batch_size, features}), from_vector<D>(y, {batch_size})});
+    batches.push_back({from_vector<D>(x, {local, features}), from_vector<D>(y, {local})});
   }
   return batches;
 }
