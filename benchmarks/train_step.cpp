@@ -264,7 +264,9 @@ void print(const std::vector<Row>& rows) {
 
 int main(int argc, char** argv) {
   Sizes sizes;
-  int runs = 7, steps = 20;
+  // Runs of 100 steps: a training loop runs steps back to back; runs of 20 measured mostly how each mode
+  // recovers from the one before it (caches, threads), 15-20% below the steady state here.
+  int runs = 7, steps = 100;
   std::string json_path = "train_step.json";
   bool sweep = false, threads_sweep = false, keep_denormals = false;
   for (int i = 1; i < argc; ++i) {

@@ -4,6 +4,7 @@
 #include "test_common.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <vector>
 
@@ -193,6 +194,60 @@ TEST_CASE("comparisons, where and cast", "[ops][elementwise]") {
   CHECK(values(a.cast<tg::bf16>().cast<float>()) == as_double(h));
   CHECK(tg::cast<std::int32_t>(tg::from_vector<D>(std::vector<float>{1.7f, -2.5f})).to_vector() == std::vector<std::int32_t>{1, -2});
   CHECK(tg::cast<float>(a).data() == a.data());  // same type: shared, no copy
+}
+
+TEST_CASE("f32 <-> bf16 casts of large tensors equal the scalar conversion for every kind of value", "[ops][elementwise][bf16]") {
+  // Large enough for the CPU's parallel, vectorised loop; every special case inside it.
+  std::vector<std::uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u,
+                                     0x7f800001u, 0x7fbfffffu, 0x00000001u, 0x807fffffu, 0x7f7fffffu, 0xff7fffffu,
+                                     0x3f808000u, 0x3f818000u, 0x3f80ffffu, 0x3f807fffu, 0x7f7f8000u, 0x33800000u};
+  std::uint32_t state = 12345u;
+  while (bits.size() < 70000) {  // the rest: random bit patterns (NaNs, subnormals and ties included)
+    state = state * 1664525u + 1013904223u;
+    bits.push_back(state);
+  }
+  std::vector<float> f(bits.size());
+  std::memcpy(f.data(), bits.data(), bits.size() * sizeof(float));
+  const auto x = tg::from_vector<D>(f);
+  const auto h = tg::cast<tg::bf16>(x).to_vector();
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < f.size(); ++i) wrong += h[i].bits != tg::bf16(f[i]).bits;
+  CHECK(wrong == 0);
+  // Back to f32: every one of the 65,536 bf16 patterns, exactly.
+  std::vector<tg::bf16> all(65536 * 2);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = tg::bf16::from_bits(static_cast<std::uint16_t>(i));
+  const auto back = tg::cast<float>(tg::from_vector<D>(all)).to_vector();
+  wrong = 0;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const float want = static_cast<float>(all[i]);
+    wrong += std::memcmp(&back[i], &want, sizeof(float)) != 0;
+  }
+  CHECK(wrong == 0);
+}
+
+TEST_CASE("bf16 GELU and its gradient are the f32 computation rounded once to bf16", "[ops][elementwise][bf16]") {
+  // On the CPU these run in oneDNN's kernels (f32 inside, one rounding); the reference is the functor in
+  // f32, rounded. Two roundings of nearly equal f32 values may differ by one bf16 unit.
+  const auto x = (tg::random::normal<float, D>(tg::random::key(7), {40000}) * 3.0f).cast<tg::bf16>();
+  const auto y = tg::gelu(x).to_vector();
+  const auto g = tg::grad([](const tg::Tensor<tg::bf16, D>& t) { return tg::sum(tg::gelu(t).cast<float>()); })(x).to_vector();
+  const auto xs = x.to_vector();
+  auto ulps = [](tg::bf16 a, tg::bf16 b) {
+    auto key = [](tg::bf16 v) { return v.bits & 0x8000u ? -static_cast<int>(v.bits & 0x7fffu) : static_cast<int>(v.bits); };
+    return std::abs(key(a) - key(b));
+  };
+  int worst_y = 0, worst_g = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const float v = static_cast<float>(xs[i]);
+    const tg::bf16 want_y(tg::fn::Gelu{}(v)), want_g(tg::fn::Gelu{}.backward(v, 0.0f, 1.0f));
+    // Far in the negative tail (x < -5) the value is below 1e-7 and oneDNN's 0.5 x (1 + tanh(u)) (JAX's
+    // formula) cancels in f32: there it must agree in absolute terms, to f32 rounding of 1 + tanh(u).
+    const double tail = 1e-6 * (1.0 + static_cast<double>(v) * v);
+    if (std::fabs(static_cast<double>(static_cast<float>(y[i])) - static_cast<float>(want_y)) > tail) worst_y = std::max(worst_y, ulps(y[i], want_y));
+    if (std::fabs(static_cast<double>(static_cast<float>(g[i])) - static_cast<float>(want_g)) > tail) worst_g = std::max(worst_g, ulps(g[i], want_g));
+  }
+  CHECK(worst_y <= 1);
+  CHECK(worst_g <= 1);
 }
 
 TEST_CASE("reductions over an axis and over everything", "[ops][reduce]") {

@@ -39,6 +39,15 @@ struct Plan {
   std::vector<std::shared_ptr<Storage<D>>> buffers;
   std::vector<Leaf> inputs, outputs;          // tensor leaves, in tree order
   std::vector<std::function<void()>> kernels;  // the CPU plan
+  /// CPU donation without copies: a second plan, the twin, that reads the first plan's donated outputs
+  /// and writes the next ones where the first plan's donated inputs were. Calls alternate between the two
+  /// (ping-pong), so each call's outputs are already the next call's input buffers.
+  struct Twin {
+    std::vector<Leaf> inputs, outputs;
+    std::vector<std::function<void()>> kernels;
+    std::size_t probe = 0;  // an input leaf that is donated: the argument there tells which plan runs
+  };
+  std::optional<Twin> twin;
 #if defined(TG_WITH_CUDA)
   cudaGraphExec_t graph = nullptr;  // the CUDA plan
 #endif
@@ -184,18 +193,31 @@ class Compiled {
     detail::Recorder recorder;
     std::vector<std::pair<std::size_t, std::size_t>> copy_back;  // (output leaf, input leaf)
     std::optional<Out> out;
+    constexpr bool cpu = std::is_same_v<D, Cpu>;
     {
       detail::ActiveRecorder active(recorder);
       out.emplace(std::apply(f_, std::as_const(statics)));
-      copy_back = donate(plan, *out);
+      copy_back = donate(plan, *out, /*copy=*/!cpu);  // the CPU ping-pongs instead (below), if it can
     }
-    if constexpr (std::is_same_v<D, Cpu>) {
+    if constexpr (cpu) {
       for (const auto& b : recorder.cpu_buffers) plan.add(b);
     } else {
       for (const auto& b : recorder.cuda_buffers) plan.add(b);
     }
     plan.kernels = std::move(recorder.cpu_kernels);
-    if constexpr (!std::is_same_v<D, Cpu>) capture(plan, recorder, statics, *out, copy_back);
+    if constexpr (!cpu) capture(plan, recorder, statics, *out, copy_back);
+    if constexpr (cpu) {
+      if (!copy_back.empty() && !record_twin(plan, recorder, statics, *out, copy_back)) {
+        // No twin (the step allocated differently a second time): copy the donated outputs back instead.
+        for (const auto& [o, j] : copy_back) {
+          void* dst = plan.buffers[plan.inputs[j].buffer]->data();
+          const Storage<D>* src = output_storage(*out, o).get();
+          plan.kernels.push_back([dst, src] { cpu::copy(dst, src->data(), src->bytes()); });
+        }
+      } else {
+        copy_back.clear();  // the outputs stay where they were computed
+      }
+    }
 
     // Outputs: buffers of the plan (an output the step did not compute, a constant, is kept too).
     entry.prototype = *out;
@@ -215,11 +237,84 @@ class Compiled {
     return std::move(*out);
   }
 
+  template <class Tree>
+  static std::shared_ptr<Storage<Cpu>> output_storage(const Tree& tree, std::size_t index) {
+    std::shared_ptr<Storage<Cpu>> found;
+    std::size_t k = 0;
+    tree_for_each([&](const std::string&, const auto& leaf) {
+      if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) {
+        if constexpr (std::is_same_v<typename std::remove_cvref_t<decltype(leaf)>::device_type, Cpu>)
+          if (k == index) found = leaf.storage();
+        ++k;
+      }
+    }, tree);
+    return found;
+  }
+
+  /// CPU: records the twin plan without running it (a dry recording). Its inputs are the first plan's
+  /// inputs with each donated one replaced by the output it was donated to; it is served the first
+  /// plan's buffers in allocation order, except that each donated output is allocated where its input
+  /// was. The two plans then share every buffer and alternate. Returns false (and leaves no twin) when the
+  /// second recording did not allocate and return exactly as the first.
+  template <class Held, class Out>
+  bool record_twin(detail::Plan<Cpu>& plan, const detail::Recorder& first, const Held& statics, const Out& out,
+                   const std::vector<std::pair<std::size_t, std::size_t>>& pairs) {
+    detail::Recorder recorder;
+    recorder.mode = detail::Recorder::Mode::serve;
+    recorder.dry = true;
+    recorder.cpu_buffers = first.cpu_buffers;
+    Held inputs = statics;
+    for (const auto& [o, j] : pairs) {
+      const auto computed = output_storage(out, o);
+      const auto at = std::find(recorder.cpu_buffers.begin(), recorder.cpu_buffers.end(), computed);
+      if (at == recorder.cpu_buffers.end()) return false;
+      *at = plan.buffers[plan.inputs[j].buffer];
+      std::size_t k = 0;
+      detail::for_each_tensor(inputs, [&](const std::string&, auto& leaf) {
+        using L = std::remove_cvref_t<decltype(leaf)>;
+        if (k++ == j) leaf = L(computed, leaf.shape());
+      });
+    }
+    std::optional<Out> again;
+    try {
+      detail::ActiveRecorder active(recorder);
+      again.emplace(std::apply(f_, std::as_const(inputs)));
+    } catch (const Error&) {
+      return false;  // allocated differently: new_storage refused to serve
+    }
+    if (recorder.served != recorder.cpu_buffers.size()) return false;
+    // Each output must be where the first plan's is, except the donated ones, which must be in their inputs.
+    std::size_t k = 0;
+    bool same = true;
+    tree_for_each([&](const std::string&, const auto& a, const auto& b) {
+      if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(a)>, bool>) {
+        const auto it = std::find_if(pairs.begin(), pairs.end(), [&](const auto& c) { return c.first == k; });
+        const auto expected = it != pairs.end() ? plan.buffers[plan.inputs[it->second].buffer] : a.storage();
+        same = same && b.storage() == expected;
+        ++k;
+      }
+    }, out, *again);
+    if (!same) return false;
+    typename detail::Plan<Cpu>::Twin twin;
+    detail::for_each_tensor(inputs, [&](const std::string&, const auto& leaf) {
+      using L = std::remove_cvref_t<decltype(leaf)>;
+      twin.inputs.push_back({plan.add(leaf.storage()), leaf.shape(), L::dtype()});
+    });
+    tree_for_each([&](const std::string&, const auto& leaf) {
+      using L = std::remove_cvref_t<decltype(leaf)>;
+      if constexpr (!std::is_same_v<L, bool>) twin.outputs.push_back({plan.add(leaf.storage()), leaf.shape(), L::dtype()});
+    }, *again);
+    twin.kernels = std::move(recorder.cpu_kernels);
+    twin.probe = pairs.front().second;
+    plan.twin = std::move(twin);
+    return true;
+  }
+
   /// Donation: each output the step computed takes the buffer of the first unused input of the same
   /// dtype and shape (new parameters take the old parameters' buffers), and the step ends by copying it
   /// there. Returns the (output leaf, input leaf) pairs.
   template <class D, class Out>
-  std::vector<std::pair<std::size_t, std::size_t>> donate(detail::Plan<D>& plan, const Out& out) {
+  std::vector<std::pair<std::size_t, std::size_t>> donate(detail::Plan<D>& plan, const Out& out, bool copy) {
     std::vector<bool> taken(plan.inputs.size(), false);
     tree_for_each([&](const std::string&, const auto& leaf) {  // inputs returned as they are stay theirs
       if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) {
@@ -236,7 +331,7 @@ class Compiled {
           for (std::size_t j = 0; j < plan.inputs.size(); ++j) {
             const auto& in = plan.inputs[j];
             if (taken[j] || in.dtype != L::dtype() || in.shape != leaf.shape()) continue;
-            detail::plan_copy<D>(plan.buffers[in.buffer]->data(), leaf.data(), leaf.nbytes());
+            if (copy) detail::plan_copy<D>(plan.buffers[in.buffer]->data(), leaf.data(), leaf.nbytes());
             taken[j] = true;
             pairs.emplace_back(k, j);
             break;
@@ -297,22 +392,32 @@ class Compiled {
   template <class D, class Out, class Held>
   Out replay(detail::PlanFor<D, Out>& entry, Held held) {
     detail::Plan<D>& plan = entry.plan;
+    // On the CPU with donation, the twin runs when the arguments are the first plan's outputs.
+    bool use_twin = false;
+    if (plan.twin) {
+      std::size_t k = 0;
+      detail::for_each_tensor(held, [&](const std::string&, const auto& leaf) {
+        if (k++ == plan.twin->probe) use_twin = leaf.storage() == plan.buffers[plan.twin->inputs[plan.twin->probe].buffer];
+      });
+    }
+    const auto& inputs = use_twin ? plan.twin->inputs : plan.inputs;
+    const auto& outputs = use_twin ? plan.twin->outputs : plan.outputs;
     // Arguments not already in their input buffers are copied in (a donated argument returned by the
     // previous call is already there).
     std::size_t k = 0;
     detail::for_each_tensor(held, [&](const std::string& path, const auto& leaf) {
       detail::require_device_of<D>(path, leaf, "input");
-      const std::size_t i = plan.inputs[k++].buffer;
+      const std::size_t i = inputs[k++].buffer;
       if (leaf.storage() == plan.buffers[i]) return;
       plan.make_exclusive(i);
       detail::copy_bytes<D, D>(plan.buffers[i]->data(), leaf.data(), leaf.nbytes());
     });
     held = Held{};
     // Whatever the caller still holds of the buffers the step writes gets a copy first.
-    for (const auto& in : plan.inputs) plan.make_exclusive(in.buffer);
-    for (const auto& o : plan.outputs) plan.make_exclusive(o.buffer);
+    for (const auto& in : inputs) plan.make_exclusive(in.buffer);
+    for (const auto& o : outputs) plan.make_exclusive(o.buffer);
     if constexpr (std::is_same_v<D, Cpu>) {
-      for (const auto& kernel : plan.kernels) kernel();
+      for (const auto& kernel : use_twin ? plan.twin->kernels : plan.kernels) kernel();
     } else {
 #if defined(TG_WITH_CUDA)
       TG_CUDA_CHECK(cudaGraphLaunch(plan.graph, cuda::stream()));
@@ -323,7 +428,7 @@ class Compiled {
     tree_for_each([&](const std::string&, auto& leaf) {
       using L = std::remove_cvref_t<decltype(leaf)>;
       if constexpr (!std::is_same_v<L, bool>) {
-        const auto& o = plan.outputs[k++];
+        const auto& o = outputs[k++];
         leaf = L(plan.buffers[o.buffer], o.shape);
       }
     }, out);

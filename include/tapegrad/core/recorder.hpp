@@ -25,6 +25,8 @@ class Recorder {
     serve,   ///< hand the kept CUDA buffers back in the order they were allocated (graph capture)
   };
   Mode mode = Mode::record;
+  /// Append CPU kernels without running them (compile's second CPU plan, recorded over served buffers).
+  bool dry = false;
   std::vector<std::shared_ptr<Storage<Cpu>>> cpu_buffers;
   std::vector<std::shared_ptr<Storage<Cuda>>> cuda_buffers;
   std::size_t served = 0;
@@ -67,11 +69,13 @@ std::shared_ptr<Storage<D>> new_storage(std::size_t bytes) {
   return kept.back();
 }
 
-/// Runs a CPU kernel now and, while compile() records, also appends it to the plan it replays.
+/// Runs a CPU kernel now and, while compile() records, also appends it to the plan it replays (a dry
+/// recording only appends it).
 template <class K>
 void cpu_kernel(K&& kernel) {
-  kernel();
-  if (Recorder* r = active_recorder) r->cpu_kernels.emplace_back(std::forward<K>(kernel));
+  Recorder* r = active_recorder;
+  if (r == nullptr || !r->dry) kernel();
+  if (r != nullptr) r->cpu_kernels.emplace_back(std::forward<K>(kernel));
 }
 
 /// Throws when `what` (a host read, a transfer or a host-side random draw) happens inside a compiled step,

@@ -203,14 +203,25 @@ template <class Op> inline constexpr Activation onednn_activation = Activation::
 template <> inline constexpr Activation onednn_activation<fn::Gelu> = Activation::gelu;
 template <> inline constexpr Activation onednn_activation<fn::GeluExact> = Activation::gelu_exact;
 
+/// Whether the op has oneDNN kernels for T on the CPU: f32 always, bf16 where oneDNN has them (computed in
+/// f32, rounded to nearest even once, as the functors do).
 template <class Op, class T, class D>
-constexpr bool use_onednn_eltwise = std::is_same_v<D, Cpu> && std::is_same_v<T, float> && onednn_activation<Op> != Activation::none;
+bool use_onednn_eltwise() {
+  if constexpr (std::is_same_v<D, Cpu> && onednn_activation<Op> != Activation::none) {
+    if constexpr (std::is_same_v<T, float>) return true;
+    else if constexpr (std::is_same_v<T, bf16>) return cpu::OneDnn::instance().eltwise_supported(onednn_activation<Op>, cpu::GemmType::bf16);
+  }
+  return false;
+}
+
+template <class T>
+constexpr cpu::GemmType onednn_type = std::is_same_v<T, bf16> ? cpu::GemmType::bf16 : cpu::GemmType::f32;
 
 /// y = op(x) on n elements.
 template <class Op, class T, class D>
 void unary_forward(std::int64_t n, const T* x, T* y, Op op) {
-  if constexpr (use_onednn_eltwise<Op, T, D>) {
-    if (n > 0) cpu_kernel([n, x, y] { cpu::OneDnn::instance().eltwise(onednn_activation<Op>, false, n, x, nullptr, y); });
+  if (use_onednn_eltwise<Op, T, D>()) {
+    if (n > 0) cpu_kernel([n, x, y] { cpu::OneDnn::instance().eltwise(onednn_activation<Op>, false, n, x, nullptr, y, onednn_type<T>); });
   } else {
     index_map<D>(n, UnaryFn<Op, T, T>{x, y, op});
   }
@@ -219,11 +230,28 @@ void unary_forward(std::int64_t n, const T* x, T* y, Op op) {
 /// dx = dy * op'(x) on n elements (y = op(x) is given for ops whose derivative reads it).
 template <class Op, class T, class D>
 void unary_backward(std::int64_t n, const T* x, const T* y, const T* dy, T* dx, Op op) {
-  if constexpr (use_onednn_eltwise<Op, T, D>) {
-    if (n > 0) cpu_kernel([n, x, dy, dx] { cpu::OneDnn::instance().eltwise(onednn_activation<Op>, true, n, x, dy, dx); });
+  if (use_onednn_eltwise<Op, T, D>()) {
+    if (n > 0) cpu_kernel([n, x, dy, dx] { cpu::OneDnn::instance().eltwise(onednn_activation<Op>, true, n, x, dy, dx, onednn_type<T>); });
   } else {
     index_map<D>(n, UnaryBackwardFn<Op, T>{x, y, dy, dx, op});
   }
+}
+
+/// f32 <-> bf16 on the CPU as plain loops the compiler vectorises (bitwise the scalar conversions:
+/// round to nearest even, every NaN to the canonical NaN).
+inline void convert_cpu(std::int64_t n, const float* __restrict x, bf16* __restrict y) {
+  auto* out = reinterpret_cast<std::uint16_t*>(y);
+#pragma omp parallel for simd schedule(static) if (n >= (std::int64_t{1} << 15))
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint32_t u = float_bits(x[i]);
+    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    out[i] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? 0x7fffu : rounded);
+  }
+}
+inline void convert_cpu(std::int64_t n, const bf16* __restrict x, float* __restrict y) {
+  const auto* in = reinterpret_cast<const std::uint16_t*>(x);
+#pragma omp parallel for simd schedule(static) if (n >= (std::int64_t{1} << 15))
+  for (std::int64_t i = 0; i < n; ++i) y[i] = bits_float(static_cast<std::uint32_t>(in[i]) << 16);
 }
 
 }  // namespace detail
@@ -406,7 +434,12 @@ Tensor<U, D> cast(const Tensor<T, D>& x) {
   } else {
     detail::check_defined(x, "cast");
     Tensor<U, D> y(x.shape());
-    detail::index_map<D>(x.size(), detail::UnaryFn<fn::Cast<U>, T, U>{x.data(), y.data(), {}});
+    constexpr bool f32_bf16 = (std::is_same_v<T, float> && std::is_same_v<U, bf16>) || (std::is_same_v<T, bf16> && std::is_same_v<U, float>);
+    if constexpr (std::is_same_v<D, Cpu> && f32_bf16) {
+      detail::cpu_kernel([n = x.size(), in = x.data(), out = y.data()] { detail::convert_cpu(n, in, out); });
+    } else {
+      detail::index_map<D>(x.size(), detail::UnaryFn<fn::Cast<U>, T, U>{x.data(), y.data(), {}});
+    }
     if constexpr (FloatElement<T> && FloatElement<U>) {
       // The cotangent converts back: a bf16 computation's gradient reaches f32 parameters in f32.
       if (detail::recording(x)) {

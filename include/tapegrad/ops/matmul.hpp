@@ -70,7 +70,7 @@ struct ActBackwardFn {
 template <class T, class D>
 Tensor<T, D> activation_backward(const Tensor<T, D>& g, const Tensor<T, D>& z, Activation act) {
   if (act == Activation::gelu || act == Activation::gelu_exact) {
-    if constexpr (use_onednn_eltwise<fn::Gelu, T, D>) {
+    if (act == Activation::gelu ? use_onednn_eltwise<fn::Gelu, T, D>() : use_onednn_eltwise<fn::GeluExact, T, D>()) {
       TG_CHECK(g.shape() == z.shape(), "linear_backward", "gradient of shape ", g.shape().str(), " for a pre-activation of shape ",
                z.shape().str());
       Tensor<T, D> dz(z.shape());

@@ -112,20 +112,36 @@ class OneDnn {
     TG_DNNL_CHECK(dnnl_stream_wait(stream_.get()));
   }
 
-  /// y = act(x) (backward: dx = dy * act'(x)) on n contiguous floats with oneDNN's JIT eltwise kernels
-  /// (vectorised, transcendental functions included). Blocks until done.
-  void eltwise(Activation act, bool backward, std::int64_t n, const float* x, const float* dy, float* out) {
+  /// True when oneDNN has the eltwise kernels for `act` on elements of `type` on this CPU (f32 always;
+  /// bf16 with AVX-512, computed in f32 and rounded to nearest even).
+  bool eltwise_supported(Activation act, GemmType type) {
     std::lock_guard lock(mutex_);
-    const auto key = std::tuple(act, backward, n);
+    const auto key = std::pair(act, type);
+    if (const auto it = eltwise_known_.find(key); it != eltwise_known_.end()) return it->second;
+    bool ok = true;
+    try {
+      (void)make_eltwise(act, true, 64, type);
+      (void)make_eltwise(act, false, 64, type);
+    } catch (const Error&) {
+      ok = false;
+    }
+    return eltwise_known_[key] = ok;
+  }
+
+  /// y = act(x) (backward: dx = dy * act'(x)) on n contiguous elements of `type` with oneDNN's JIT eltwise
+  /// kernels (vectorised, transcendental functions included). Blocks until done.
+  void eltwise(Activation act, bool backward, std::int64_t n, const void* x, const void* dy, void* out, GemmType type = GemmType::f32) {
+    std::lock_guard lock(mutex_);
+    const auto key = std::tuple(act, backward, n, type);
     auto it = eltwise_cache_.find(key);
-    if (it == eltwise_cache_.end()) it = eltwise_cache_.emplace(key, make_eltwise(act, backward, n)).first;
+    if (it == eltwise_cache_.end()) it = eltwise_cache_.emplace(key, make_eltwise(act, backward, n, type)).first;
     Primitive& p = it->second;
-    TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.a.get(), const_cast<float*>(x)));
+    TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.a.get(), const_cast<void*>(x)));
     TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.c.get(), out));
     dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, p.a.get()}, {backward ? DNNL_ARG_DIFF_SRC : DNNL_ARG_DST, p.c.get()}, {}};
     int n_args = 2;
     if (backward) {
-      TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.b.get(), const_cast<float*>(dy)));
+      TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.b.get(), const_cast<void*>(dy)));
       args[n_args++] = {DNNL_ARG_DIFF_DST, p.b.get()};
     }
     TG_DNNL_CHECK(dnnl_primitive_execute(p.primitive.get(), stream_.get(), n_args, args));
@@ -212,11 +228,11 @@ class OneDnn {
     return act == Activation::relu ? dnnl_eltwise_relu : act == Activation::gelu ? dnnl_eltwise_gelu_tanh : dnnl_eltwise_gelu_erf;
   }
 
-  Primitive make_eltwise(Activation act, bool backward, std::int64_t n) {
+  Primitive make_eltwise(Activation act, bool backward, std::int64_t n, GemmType type) {
     TG_CHECK(act != Activation::none, "onednn::eltwise", "needs an activation");
     dnnl_memory_desc_t md;
     const dnnl_dims_t dims = {n};
-    TG_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, 1, dims, dnnl_f32, dnnl_a));
+    TG_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, 1, dims, type == GemmType::bf16 ? dnnl_bf16 : dnnl_f32, dnnl_a));
     dnnl_eltwise_desc_t fwd;
     TG_DNNL_CHECK(dnnl_eltwise_forward_desc_init(&fwd, dnnl_forward_training, algorithm(act), &md, 0.0f, 0.0f));
     dnnl_primitive_desc_t fwd_raw = nullptr;
@@ -249,7 +265,8 @@ class OneDnn {
   StreamPtr stream_;
   std::mutex mutex_;
   std::map<GemmShape, Primitive> cache_;
-  std::map<std::tuple<Activation, bool, std::int64_t>, Primitive> eltwise_cache_;
+  std::map<std::tuple<Activation, bool, std::int64_t, GemmType>, Primitive> eltwise_cache_;
+  std::map<std::pair<Activation, GemmType>, bool> eltwise_known_;
   bool bf16_known_ = false, bf16_ = false;
 };
 
