@@ -288,6 +288,7 @@ int main(int argc, char** argv) {
     }
   }
 #if defined(TG_BENCH_CUDA)
+  (void)keep_denormals;  // the CPU's setting
   if (!tg::cuda::available()) {
     std::printf("bench_train_step_cuda: no CUDA device here (%s); nothing to measure\n", tg::cuda::describe_devices().c_str());
     return 0;
