@@ -270,9 +270,10 @@ class Compiled {
       if (at == recorder.cpu_buffers.end()) return false;
       *at = plan.buffers[plan.inputs[j].buffer];
       std::size_t k = 0;
+      const std::size_t input = j;  // clang 14 cannot capture a structured binding
       detail::for_each_tensor(inputs, [&](const std::string&, auto& leaf) {
         using L = std::remove_cvref_t<decltype(leaf)>;
-        if (k++ == j) leaf = L(computed, leaf.shape());
+        if (k++ == input) leaf = L(computed, leaf.shape());
       });
     }
     std::optional<Out> again;
