@@ -209,10 +209,13 @@ class Compiled {
     if constexpr (cpu) {
       if (!copy_back.empty() && !record_twin(plan, recorder, statics, *out, copy_back)) {
         // No twin (the step allocated differently a second time): copy the donated outputs back instead.
+        // Run now as well: this first call returns the outputs from the donated buffers.
         for (const auto& [o, j] : copy_back) {
           void* dst = plan.buffers[plan.inputs[j].buffer]->data();
           const Storage<D>* src = output_storage(*out, o).get();
-          plan.kernels.push_back([dst, src] { cpu::copy(dst, src->data(), src->bytes()); });
+          auto copy = [dst, src] { cpu::copy(dst, src->data(), src->bytes()); };
+          copy();
+          plan.kernels.push_back(copy);
         }
       } else {
         copy_back.clear();  // the outputs stay where they were computed
@@ -312,8 +315,9 @@ class Compiled {
   }
 
   /// Donation: each output the step computed takes the buffer of the first unused input of the same
-  /// dtype and shape (new parameters take the old parameters' buffers), and the step ends by copying it
-  /// there. Returns the (output leaf, input leaf) pairs.
+  /// dtype and shape (new parameters take the old parameters' buffers); with `copy`, the step ends by
+  /// copying it there (CUDA; the CPU alternates with a twin plan instead). Returns the (output leaf, input
+  /// leaf) pairs.
   template <class D, class Out>
   std::vector<std::pair<std::size_t, std::size_t>> donate(detail::Plan<D>& plan, const Out& out, bool copy) {
     std::vector<bool> taken(plan.inputs.size(), false);
