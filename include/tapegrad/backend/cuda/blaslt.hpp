@@ -8,11 +8,12 @@
 #include <mutex>
 #include <tuple>
 
-#include "tapegrad/backend/cuda/check.hpp"
-#include "tapegrad/core/device.hpp"
+#include "tapegrad/config.hpp"
 
 #if defined(TG_WITH_CUDA)
+#include "tapegrad/backend/cuda/check.hpp"
 #include "tapegrad/backend/cuda/context.hpp"
+#include "tapegrad/core/device.hpp"
 
 namespace tg::cuda {
 

@@ -2,6 +2,10 @@
 // call and the library's own message.
 #pragma once
 
+#include "tapegrad/config.hpp"
+
+// Only with the CUDA backend: without TG_WITH_CUDA this header is empty, so no CUDA header is needed.
+#if defined(TG_WITH_CUDA)
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -75,3 +79,5 @@ inline std::string out_of_memory_message(std::size_t bytes, int device, std::siz
     if (tg_err_ != cudaSuccess)                                                                \
       ::tg::cuda::detail::throw_cuda(tg_err_, "launch of " kernel_name, __FILE__, __LINE__);   \
   } while (0)
+
+#endif  // TG_WITH_CUDA

@@ -6,6 +6,9 @@
 #include <new>
 #include <vector>
 
+#include "tapegrad/config.hpp"
+
+#if defined(TG_WITH_CUDA)
 #include "tapegrad/backend/cuda/check.hpp"
 #include "tapegrad/core/device.hpp"
 
@@ -110,3 +113,4 @@ inline void deallocate(void* p, int device) noexcept {
 }
 
 }  // namespace tg::cuda
+#endif  // TG_WITH_CUDA
