@@ -44,8 +44,8 @@ void run_cpu(const char* type_name) {
   std::printf("  %-15s %10s %10s %10s %10s %7s\n", "GEMM", "m x n x k", "ours ms", "GFLOP/s", "oneDNN ms", "ratio");
   double ours_total = 0, ref_total = 0;
   for (const Shape3& s : step_gemms) {
-    const auto a = tg::random::normal(tg::random::key(1), s.ta ? tg::Shape{s.k, s.m} : tg::Shape{s.m, s.k}).cast<T>();
-    const auto b = tg::random::normal(tg::random::key(2), s.tb ? tg::Shape{s.n, s.k} : tg::Shape{s.k, s.n}).cast<T>();
+    const auto a = tg::cast<T>(tg::random::normal(tg::random::key(1), s.ta ? tg::Shape{s.k, s.m} : tg::Shape{s.m, s.k}));
+    const auto b = tg::cast<T>(tg::random::normal(tg::random::key(2), s.tb ? tg::Shape{s.n, s.k} : tg::Shape{s.k, s.n}));
     const double ours = median_seconds([&] { (void)tg::matmul(a, b, s.ta, s.tb); });
     // The direct call: primitive and memory objects created once, only execute() timed.
     using dt = dnnl::memory::data_type;
@@ -56,7 +56,7 @@ void run_cpu(const char* type_name) {
     const dnnl::memory::desc c_md(dims{s.m, s.n}, type, dims{s.n, 1});
     const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
     const dnnl::matmul prim(pd);
-    const auto af = a.template cast<float>(), bf = b.template cast<float>();
+    const auto af = tg::cast<float>(a), bf = tg::cast<float>(b);
     const void* ap = type == dt::f32 ? static_cast<const void*>(af.data()) : a.data();
     const void* bp = type == dt::f32 ? static_cast<const void*>(bf.data()) : b.data();
     dnnl::memory A(a_md, engine, const_cast<void*>(ap)), B(b_md, engine, const_cast<void*>(bp)), C(c_md, engine);

@@ -45,8 +45,8 @@ void run(const char* type_name, cudaDataType_t type) {
   std::printf("  %-15s %12s %10s %10s %10s %7s\n", "GEMM", "m x n x k", "ours ms", "GFLOP/s", "direct ms", "ratio");
   double ours_total = 0, ref_total = 0;
   for (const Shape3& s : step_gemms) {
-    const auto a = tg::random::normal<float, tg::Cuda>(tg::random::key(1), s.ta ? tg::Shape{s.k, s.m} : tg::Shape{s.m, s.k}).cast<T>();
-    const auto b = tg::random::normal<float, tg::Cuda>(tg::random::key(2), s.tb ? tg::Shape{s.n, s.k} : tg::Shape{s.k, s.n}).cast<T>();
+    const auto a = tg::cast<T>(tg::random::normal<float, tg::Cuda>(tg::random::key(1), s.ta ? tg::Shape{s.k, s.m} : tg::Shape{s.m, s.k}));
+    const auto b = tg::cast<T>(tg::random::normal<float, tg::Cuda>(tg::random::key(2), s.tb ? tg::Shape{s.n, s.k} : tg::Shape{s.k, s.n}));
     const double ours = median_ms([&] { (void)tg::matmul(a, b, s.ta, s.tb); });
     DirectLt direct(s, type);
     auto c = tg::empty<T, tg::Cuda>({s.m, s.n});

@@ -64,9 +64,9 @@ Mlp<float> init(const Sizes& s) {
 /// The loss with the forward pass in compute dtype C (f32 parameters cast per step, as JAX's mixed precision).
 template <class C>
 Tensor loss(const Mlp<float>& p, const Tensor& x, const Labels& y) {
-  const auto h1 = tg::linear(x.cast<C>(), p.w1.cast<C>(), p.b1.cast<C>(), tg::Activation::gelu);
-  const auto h2 = tg::linear(h1, p.w2.cast<C>(), p.b2.cast<C>(), tg::Activation::gelu);
-  const auto logits = tg::linear(h2, p.w3.cast<C>(), p.b3.cast<C>()).template cast<float>();
+  const auto h1 = tg::linear(tg::cast<C>(x), tg::cast<C>(p.w1), tg::cast<C>(p.b1), tg::Activation::gelu);
+  const auto h2 = tg::linear(h1, tg::cast<C>(p.w2), tg::cast<C>(p.b2), tg::Activation::gelu);
+  const auto logits = tg::cast<float>(tg::linear(h2, tg::cast<C>(p.w3), tg::cast<C>(p.b3)));
   return tg::mean(tg::softmax_cross_entropy_with_integer_labels(logits, y));
 }
 

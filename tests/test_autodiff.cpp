@@ -36,9 +36,9 @@ struct Batch {
 /// logits of the MLP, computed in C (the compute dtype) from parameters of type T.
 template <class C, class T, class Dev>
 tg::Tensor<float, Dev> logits_of(const Mlp<T, Dev>& p, const tg::Tensor<T, Dev>& x) {
-  const auto h1 = tg::linear(x.template cast<C>(), p.w1.template cast<C>(), p.b1.template cast<C>(), tg::Activation::gelu);
-  const auto h2 = tg::linear(h1, p.w2.template cast<C>(), p.b2.template cast<C>(), tg::Activation::gelu);
-  return tg::linear(h2, p.w3.template cast<C>(), p.b3.template cast<C>()).template cast<float>();
+  const auto h1 = tg::linear(tg::cast<C>(x), tg::cast<C>(p.w1), tg::cast<C>(p.b1), tg::Activation::gelu);
+  const auto h2 = tg::linear(h1, tg::cast<C>(p.w2), tg::cast<C>(p.b2), tg::Activation::gelu);
+  return tg::cast<float>(tg::linear(h2, tg::cast<C>(p.w3), tg::cast<C>(p.b3)));
 }
 
 template <class T, class Dev>

@@ -191,7 +191,7 @@ TEST_CASE("comparisons, where and cast", "[ops][elementwise]") {
   const auto h = tg::cast<tg::bf16>(a).to_vector();
   const auto af = a.to_vector();
   for (std::size_t i = 0; i < af.size(); ++i) CHECK(h[i].bits == tg::bf16(af[i]).bits);
-  CHECK(values(a.cast<tg::bf16>().cast<float>()) == as_double(h));
+  CHECK(values(tg::cast<float>(tg::cast<tg::bf16>(a))) == as_double(h));
   CHECK(tg::cast<std::int32_t>(tg::from_vector<D>(std::vector<float>{1.7f, -2.5f})).to_vector() == std::vector<std::int32_t>{1, -2});
   CHECK(tg::cast<float>(a).data() == a.data());  // same type: shared, no copy
 }
@@ -228,9 +228,9 @@ TEST_CASE("f32 <-> bf16 casts of large tensors equal the scalar conversion for e
 TEST_CASE("bf16 GELU and its gradient are the f32 computation rounded once to bf16", "[ops][elementwise][bf16]") {
   // On the CPU these run in oneDNN's kernels (f32 inside, one rounding); the reference is the functor in
   // f32, rounded. Two roundings of nearly equal f32 values may differ by one bf16 unit.
-  const auto x = (tg::random::normal<float, D>(tg::random::key(7), {40000}) * 3.0f).cast<tg::bf16>();
+  const auto x = tg::cast<tg::bf16>(tg::random::normal<float, D>(tg::random::key(7), {40000}) * 3.0f);
   const auto y = tg::gelu(x).to_vector();
-  const auto g = tg::grad([](const tg::Tensor<tg::bf16, D>& t) { return tg::sum(tg::gelu(t).cast<float>()); })(x).to_vector();
+  const auto g = tg::grad([](const tg::Tensor<tg::bf16, D>& t) { return tg::sum(tg::cast<float>(tg::gelu(t))); })(x).to_vector();
   const auto xs = x.to_vector();
   auto ulps = [](tg::bf16 a, tg::bf16 b) {
     auto key = [](tg::bf16 v) { return v.bits & 0x8000u ? -static_cast<int>(v.bits & 0x7fffu) : static_cast<int>(v.bits); };
@@ -374,9 +374,9 @@ TEST_CASE("matmul matches a double reference for every transpose", "[ops][matmul
 TEST_CASE("bf16 GEMMs stay close to f32", "[ops][matmul][bf16]") {
   const auto a = input(71, {64, 96}), b = input(72, {96, 48}), bias = input(73, {48});
   const auto want = values(tg::matmul(a, b));
-  const auto got = values(tg::matmul(a.cast<tg::bf16>(), b.cast<tg::bf16>()));
+  const auto got = values(tg::matmul(tg::cast<tg::bf16>(a), tg::cast<tg::bf16>(b)));
   const auto y_want = values(tg::linear(a, b, bias, tg::Activation::gelu));
-  const auto y_got = values(tg::linear(a.cast<tg::bf16>(), b.cast<tg::bf16>(), bias.cast<tg::bf16>(), tg::Activation::gelu));
+  const auto y_got = values(tg::linear(tg::cast<tg::bf16>(a), tg::cast<tg::bf16>(b), tg::cast<tg::bf16>(bias), tg::Activation::gelu));
   // The error bound, element by element: rounding a and b to bf16 (2^-9 relative each) perturbs every
   // product by at most 2^-8 of |a||b|, so |err| <= 2^-8 sum_k |a_ik||b_kj|; rounding the result to bf16
   // adds 2^-9 of it. Through linear: the bias rounds too (2^-9 |b|), and GELU's slope is at most 1.13.

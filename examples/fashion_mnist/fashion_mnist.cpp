@@ -87,9 +87,9 @@ Mlp<float, D> init_params(const Config& c) {
 /// Logits (B, 10) in f32, the layers computed in C (f32 parameters cast per step: mixed precision).
 template <class C, class D>
 tg::Tensor<float, D> logits_of(const Mlp<float, D>& p, const tg::Tensor<float, D>& x) {
-  const auto h1 = tg::linear(x.template cast<C>(), p.w1.template cast<C>(), p.b1.template cast<C>(), tg::Activation::gelu);
-  const auto h2 = tg::linear(h1, p.w2.template cast<C>(), p.b2.template cast<C>(), tg::Activation::gelu);
-  return tg::linear(h2, p.w3.template cast<C>(), p.b3.template cast<C>()).template cast<float>();
+  const auto h1 = tg::linear(tg::cast<C>(x), tg::cast<C>(p.w1), tg::cast<C>(p.b1), tg::Activation::gelu);
+  const auto h2 = tg::linear(h1, tg::cast<C>(p.w2), tg::cast<C>(p.b2), tg::Activation::gelu);
+  return tg::cast<float>(tg::linear(h2, tg::cast<C>(p.w3), tg::cast<C>(p.b3)));
 }
 
 /// Mean cross-entropy, with the batch accuracy as aux (not differentiated).

@@ -46,7 +46,7 @@ void raise_if_nonfinite(const Tree& flags, const std::string& what) {
     if constexpr (!std::is_same_v<L, bool>) {
       using T = typename L::value_type;
       if constexpr (FloatElement<T>) {
-        const double v = static_cast<double>(flag.template cast<float>().item());
+        const double v = static_cast<double>(tg::cast<float>(flag).item());
         if (v != 0.0)
           detail::fail("check_numerics", what, ": '", path.empty() ? std::string("(the value)") : path,
                        "' holds a NaN or Inf; lower the learning rate, clip gradients (optim::clip_by_global_norm) or check the inputs");

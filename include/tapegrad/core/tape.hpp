@@ -1,32 +1,40 @@
 // The tape a traced Tensor records on: nodes, recording, and the backward walk. value_and_grad
 // (autodiff/) creates a tape, marks the parameters' leaves as its first nodes, and walks it backward;
-// each op records itself here with its backward rule beside its forward (ops/).
+// each op records itself here with its backward rule beside its forward (ops/). The tape sits below
+// Tensor and the ops: it holds cotangents type-erased, and what it needs from the ops (adding two
+// cotangents of one value) it receives through AddCotangents, which the elementwise ops define.
 #pragma once
 
+#include <any>
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
-#include <memory>
-#include <variant>
+#include <utility>
 #include <vector>
 
-#include "tapegrad/core/tensor.hpp"
+#include "tapegrad/core/device.hpp"
+#include "tapegrad/core/dtype.hpp"
+#include "tapegrad/core/error.hpp"
+#include "tapegrad/core/shape.hpp"
 
 namespace tg {
 
-/// Any floating-point tensor: what a tape holds cotangents as.
-using AnyFloatTensor = std::variant<std::monostate, Tensor<float, Cpu>, Tensor<double, Cpu>, Tensor<bf16, Cpu>,
-                                    Tensor<float, Cuda>, Tensor<double, Cuda>, Tensor<bf16, Cuda>>;
+template <Element T, Device D>
+class Tensor;  // core/tensor.hpp
 
 namespace detail {
 
-/// State an op leaves for the op that consumes its output, so the two can fuse their backward passes
-/// (the fused linear layer uses it for cuBLASLt's DGELU_BGRAD).
-struct FusedProducer {
-  virtual ~FusedProducer() = default;
-  bool pending = false;  ///< the consumer has already delivered this node's gradient in fused form
+/// Which tape, and which node on it, a traced tensor is. Untraced: tape == 0.
+struct Trace {
+  std::uint64_t tape = 0;
+  std::int64_t node = -1;
 };
+
+/// How two cotangents of one value add up (a tensor used twice): declared here, defined with the
+/// elementwise ops (ops/elementwise.hpp) as their add. The tape names no op of a higher layer.
+template <Element T, Device D>
+struct AddCotangents;
 
 /// A record of the ops applied to traced tensors, in order.
 class Tape {
@@ -46,11 +54,12 @@ class Tape {
     shapes_.push_back(shape);
     cotangents_.emplace_back();
     uses_.push_back(0);
-    producers_.emplace_back();
+    states_.emplace_back();
     return size() - 1;
   }
 
-  /// Counts one more consumer of a traced input (fusion across ops needs a single consumer).
+  /// Counts one more consumer of a traced input (an op can fuse its backward pass with its input's
+  /// producer only when it is that value's single consumer).
   void use(const Trace& t) {
     if (owns(t)) ++uses_[static_cast<std::size_t>(t.node)];
   }
@@ -67,25 +76,26 @@ class Tape {
     const Shape& want = shapes_[static_cast<std::size_t>(t.node)];
     TG_CHECK(g.shape() == want, "backward", "a cotangent of shape ", g.shape().str(), " reached a value of shape ", want.str(),
              "; please report this as a tapegrad bug");
-    AnyFloatTensor& slot = cotangents_[static_cast<std::size_t>(t.node)];
-    if (std::holds_alternative<std::monostate>(slot)) {
+    std::any& slot = cotangents_[static_cast<std::size_t>(t.node)];
+    if (!slot.has_value()) {
       slot = g.untraced();
-    } else {
-      auto* have = std::get_if<Tensor<T, D>>(&slot);
-      TG_CHECK(have != nullptr, "backward", "cotangents of different dtypes or devices meet at one node");
-      *have = add(*have, g);  // a tensor used twice: its cotangents add up
+      return;
     }
+    auto* have = std::any_cast<Tensor<T, D>>(&slot);
+    TG_CHECK(have != nullptr, "backward", "cotangents of different dtypes or devices meet at one node");
+    *have = AddCotangents<T, D>{}(*have, g);
   }
 
   /// The cotangent of `node`, or an undefined tensor when nothing has flowed into it.
   template <Element T, Device D>
   Tensor<T, D> cotangent(std::int64_t node) const {
-    const AnyFloatTensor& slot = cotangents_[static_cast<std::size_t>(node)];
-    if (const auto* g = std::get_if<Tensor<T, D>>(&slot)) return *g;
+    if (const auto* g = std::any_cast<Tensor<T, D>>(&cotangents_[static_cast<std::size_t>(node)])) return *g;
     return {};
   }
 
-  std::shared_ptr<FusedProducer>& producer(std::int64_t node) { return producers_[static_cast<std::size_t>(node)]; }
+  /// What an op leaves on its output's node for the op that consumes it, so that the two can fuse their
+  /// backward passes (the fused linear layer keeps its pre-activation here, ops/matmul.hpp).
+  std::any& state(std::int64_t node) { return states_[static_cast<std::size_t>(node)]; }
 
   /// Runs every recorded backward rule, last op first.
   void backward() {
@@ -100,9 +110,9 @@ class Tape {
 
   std::uint64_t id_;
   std::vector<Shape> shapes_;
-  std::vector<AnyFloatTensor> cotangents_;
+  std::vector<std::any> cotangents_;
   std::vector<int> uses_;
-  std::vector<std::shared_ptr<FusedProducer>> producers_;
+  std::vector<std::any> states_;
   std::vector<Backward> entries_;
 };
 
@@ -128,21 +138,30 @@ bool recording(const Ts&... xs) {
   return t != nullptr && (t->owns(xs.trace()) || ...);
 }
 
-/// Makes `out` a new node whose backward rule is fn(tape, dy), dy being out's cotangent (an undefined
-/// tensor only when a fused consumer has delivered the gradient through the node's producer state).
-template <Element T, Device D, class F>
-void record(Tensor<T, D>& out, std::initializer_list<Trace> inputs, F fn) {
+/// Makes `out` a new node of the active tape and returns it; `fn(tape, node)` runs in the backward walk
+/// whether or not a cotangent reached the node (an op fused with its consumer finds its gradient in its
+/// node's state instead). Most ops use record().
+template <class Out, class F>
+std::int64_t record_node(Out& out, std::initializer_list<Trace> inputs, F fn) {
   Tape& tape = *active_tape;
   for (const Trace& in : inputs) tape.use(in);
   const std::int64_t node = tape.new_node(out.shape());
   out.set_trace({tape.id(), node});
-  tape.push([node, fn = std::move(fn)](Tape& t) {
+  tape.push([node, fn = std::move(fn)](Tape& t) { fn(t, node); });
+  return node;
+}
+
+/// Makes `out` a new node whose backward rule is fn(tape, dy), dy being out's cotangent; it runs only
+/// when a cotangent reached the node.
+template <Element T, Device D, class F>
+void record(Tensor<T, D>& out, std::initializer_list<Trace> inputs, F fn) {
+  record_node(out, inputs, [fn = std::move(fn)](Tape& t, std::int64_t node) {
     const Tensor<T, D> dy = t.cotangent<T, D>(node);
-    const auto& producer = t.producer(node);
-    if (dy.defined() || (producer && producer->pending)) fn(t, dy);
+    if (dy.defined()) fn(t, dy);
   });
 }
 
+/// The recording of the view and transfer ops that live on Tensor itself.
 template <Element T, Device D>
 void record_reshape(const Tensor<T, D>& from, Tensor<T, D>& to) {
   if constexpr (FloatElement<T>) {

@@ -20,6 +20,7 @@
 #include "tapegrad/core/recorder.hpp"
 #include "tapegrad/core/shape.hpp"
 #include "tapegrad/core/storage.hpp"
+#include "tapegrad/core/tape.hpp"
 
 namespace tg {
 
@@ -69,18 +70,6 @@ struct ArangeFn {
   double start, step;
   TG_HD void operator()(std::int64_t i) const { out[i] = from_double<T>(start + step * static_cast<double>(i)); }
 };
-
-/// Which tape, and which node on it, a traced tensor is (see core/tape.hpp). Untraced: tape == 0.
-struct Trace {
-  std::uint64_t tape = 0;
-  std::int64_t node = -1;
-};
-
-// Recording of the view and transfer ops that live on Tensor itself; defined in core/tape.hpp.
-template <Element T, Device D>
-void record_reshape(const Tensor<T, D>& from, Tensor<T, D>& to);
-template <Element T, Device D, Device D2>
-void record_transfer(const Tensor<T, D>& from, Tensor<T, D2>& to);
 
 }  // namespace detail
 
@@ -174,10 +163,6 @@ class Tensor {
       return r;
     }
   }
-
-  /// The elements converted to U, as x.astype(U) (defined with the elementwise ops, ops/elementwise.hpp).
-  template <Element U>
-  Tensor<U, D> cast() const;
 
   /// The elements, in row-major order, copied to the host.
   std::vector<T> to_vector() const {
@@ -338,5 +323,3 @@ Tensor<T, D> stop_gradient(const Tensor<T, D>& x) {
 }
 
 }  // namespace tg
-
-#include "tapegrad/core/tape.hpp"

@@ -8,77 +8,13 @@
 
 #include "tapegrad/backend/cpu/onednn.hpp"
 #include "tapegrad/core/tensor.hpp"
+#include "tapegrad/ops/activation.hpp"
 #include "tapegrad/ops/functors.hpp"
+#include "tapegrad/ops/kernels.hpp"
 
 namespace tg {
 
 namespace detail {
-
-template <class T, class C>
-TG_HD T convert_to(C v) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16(static_cast<float>(v));
-  else return static_cast<T>(v);
-}
-
-template <class C, class T>
-TG_HD C convert_from(T v) {
-  if constexpr (std::is_same_v<T, bf16>) return static_cast<C>(static_cast<float>(v));
-  else return static_cast<C>(v);
-}
-
-template <Element T, Device D>
-void check_defined(const Tensor<T, D>& t, const char* op) {
-  TG_CHECK(t.defined(), op, "an input tensor is undefined (default-constructed)");
-}
-
-/// The NumPy broadcast of two shapes, or an error naming the op and both shapes.
-inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
-  const int rank = std::max(a.rank(), b.rank());
-  std::int64_t dims[Shape::max_rank];
-  for (int i = 0; i < rank; ++i) {
-    const int ia = a.rank() - rank + i, ib = b.rank() - rank + i;
-    const std::int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
-    TG_CHECK(da == db || da == 1 || db == 1, op, "shapes ", a.str(), " and ", b.str(),
-             " cannot be broadcast together (axis ", i, " of the result: ", da, " vs ", db,
-             "); dimensions must be equal or 1");
-    dims[i] = da == 1 ? db : da;
-  }
-  return Shape(std::span<const std::int64_t>(dims, static_cast<std::size_t>(rank)));
-}
-
-/// Maps an index of the broadcast result to the offsets of N inputs (stride 0 along broadcast axes).
-template <int N>
-struct BroadcastIndex {
-  int rank = 0;
-  std::int64_t dims[Shape::max_rank] = {};
-  std::int64_t strides[N][Shape::max_rank] = {};
-  bool trivial[N] = {};  // input has the result's shape: offset == index
-
-  BroadcastIndex(const Shape& out, const Shape* in[N]) : rank(out.rank()) {
-    for (int d = 0; d < rank; ++d) dims[d] = out[d];
-    for (int k = 0; k < N; ++k) {
-      trivial[k] = *in[k] == out;
-      std::int64_t stride = 1;
-      for (int d = rank - 1; d >= 0; --d) {
-        const int di = in[k]->rank() - rank + d;
-        const std::int64_t n = di >= 0 ? (*in[k])[di] : 1;
-        strides[k][d] = n == 1 ? 0 : stride;
-        stride *= n;
-      }
-    }
-  }
-
-  TG_HD std::int64_t offset(int k, std::int64_t i) const {
-    if (trivial[k]) return i;
-    std::int64_t off = 0;
-    for (int d = rank - 1; d >= 0; --d) {
-      const std::int64_t c = i % dims[d];
-      i /= dims[d];
-      off += c * strides[k][d];
-    }
-    return off;
-  }
-};
 
 template <class Op, class TIn, class TOut>
 struct UnaryFn {
@@ -151,10 +87,6 @@ concept UnaryDifferentiable = requires(const Op op, C x) { op.backward(x, x, x);
 template <class Op, class C>
 concept BinaryDifferentiable = requires(const Op op, C x) { op.backward_a(x, x, x, x); };
 
-/// Sums a cotangent of a broadcast result back to an input's shape (defined in ops/reduce.hpp).
-template <Element T, Device D>
-Tensor<T, D> sum_to(const Tensor<T, D>& g, const Shape& shape);
-
 template <class Op, class TIn, class TOut>
 struct BinaryFn {
   const TIn* a;
@@ -197,19 +129,22 @@ struct SelectFn {
 
 namespace detail {
 
-/// The activations oneDNN has vectorised CPU kernels for (forward and backward): GELU in both forms,
-/// whose exp / erf would otherwise be scalar libm calls.
-template <class Op> inline constexpr Activation onednn_activation = Activation::none;
-template <> inline constexpr Activation onednn_activation<fn::Gelu> = Activation::gelu;
-template <> inline constexpr Activation onednn_activation<fn::GeluExact> = Activation::gelu_exact;
+/// The oneDNN eltwise function that runs the op Op on the CPU, from the activation table
+/// (ops/activation.hpp): GELU in both forms, whose exp / erf would otherwise be scalar libm calls.
+template <class Op>
+cpu::Eltwise onednn_eltwise() {
+  const ActivationInfo info = activation_info(activation_of<Op>());
+  return info.onednn_eltwise ? cpu::Eltwise{info.onednn, info.onednn_alpha} : cpu::Eltwise{};
+}
 
 /// Whether the op has oneDNN kernels for T on the CPU: f32 always, bf16 where oneDNN has them (computed in
 /// f32, rounded to nearest even once, as the functors do).
 template <class Op, class T, class D>
 bool use_onednn_eltwise() {
-  if constexpr (std::is_same_v<D, Cpu> && onednn_activation<Op> != Activation::none) {
+  if constexpr (std::is_same_v<D, Cpu> && activation_of<Op>() != Activation::none) {
+    if (onednn_eltwise<Op>().alg == dnnl_alg_kind_undef) return false;
     if constexpr (std::is_same_v<T, float>) return true;
-    else if constexpr (std::is_same_v<T, bf16>) return cpu::OneDnn::instance().eltwise_supported(onednn_activation<Op>, cpu::GemmType::bf16);
+    else if constexpr (std::is_same_v<T, bf16>) return cpu::OneDnn::instance().eltwise_supported(onednn_eltwise<Op>(), cpu::GemmType::bf16);
   }
   return false;
 }
@@ -221,7 +156,7 @@ constexpr cpu::GemmType onednn_type = std::is_same_v<T, bf16> ? cpu::GemmType::b
 template <class Op, class T, class D>
 void unary_forward(std::int64_t n, const T* x, T* y, Op op) {
   if (use_onednn_eltwise<Op, T, D>()) {
-    if (n > 0) cpu_kernel([n, x, y] { cpu::OneDnn::instance().eltwise(onednn_activation<Op>, false, n, x, nullptr, y, onednn_type<T>); });
+    if (n > 0) cpu_kernel([n, x, y] { cpu::OneDnn::instance().eltwise(onednn_eltwise<Op>(), false, n, x, nullptr, y, onednn_type<T>); });
   } else {
     index_map<D>(n, UnaryFn<Op, T, T>{x, y, op});
   }
@@ -231,7 +166,7 @@ void unary_forward(std::int64_t n, const T* x, T* y, Op op) {
 template <class Op, class T, class D>
 void unary_backward(std::int64_t n, const T* x, const T* y, const T* dy, T* dx, Op op) {
   if (use_onednn_eltwise<Op, T, D>()) {
-    if (n > 0) cpu_kernel([n, x, dy, dx] { cpu::OneDnn::instance().eltwise(onednn_activation<Op>, true, n, x, dy, dx, onednn_type<T>); });
+    if (n > 0) cpu_kernel([n, x, dy, dx] { cpu::OneDnn::instance().eltwise(onednn_eltwise<Op>(), true, n, x, dy, dx, onednn_type<T>); });
   } else {
     index_map<D>(n, UnaryBackwardFn<Op, T>{x, y, dy, dx, op});
   }
@@ -313,9 +248,9 @@ TG_UNARY_OP(exp, Exp)
 TG_UNARY_OP(log, Log)
 TG_UNARY_OP(tanh, Tanh)
 TG_UNARY_OP(sigmoid, Sigmoid)
-TG_UNARY_OP(relu, Relu)
-TG_UNARY_OP(gelu, Gelu)
-TG_UNARY_OP(gelu_exact, GeluExact)
+#define TG_ACTIVATION_OP(name, Functor, alg, alpha, eltwise, lt) TG_UNARY_OP(name, Functor)
+TG_ACTIVATIONS(TG_ACTIVATION_OP)  // relu, gelu, gelu_exact, ...: one op per row of ops/activation.hpp
+#undef TG_ACTIVATION_OP
 TG_UNARY_OP(square, Square)
 TG_UNARY_OP(sqrt, Sqrt)
 TG_UNARY_OP(rsqrt, Rsqrt)
@@ -348,6 +283,14 @@ TG_BINARY_OP(div, Div, FloatElement)
 TG_BINARY_OP(maximum, Maximum, Element)
 TG_BINARY_OP(minimum, Minimum, Element)
 #undef TG_BINARY_OP
+
+namespace detail {
+/// The tape's sum of two cotangents of one value (declared by core/tape.hpp): add.
+template <Element T, Device D>
+struct AddCotangents {
+  Tensor<T, D> operator()(const Tensor<T, D>& a, const Tensor<T, D>& b) const { return add(a, b); }
+};
+}  // namespace detail
 
 template <Element T, Device D> Tensor<T, D> operator+(const Tensor<T, D>& a, const Tensor<T, D>& b) { return add(a, b); }
 template <Element T, Device D> Tensor<T, D> operator-(const Tensor<T, D>& a, const Tensor<T, D>& b) { return sub(a, b); }
@@ -452,12 +395,5 @@ Tensor<U, D> cast(const Tensor<T, D>& x) {
   }
 }
 
-template <Element T, Device D>
-template <Element U>
-Tensor<U, D> Tensor<T, D>::cast() const {
-  return tg::cast<U>(*this);
-}
-
 }  // namespace tg
 
-#include "tapegrad/ops/reduce.hpp"  // sum_to, which the backward rules above use

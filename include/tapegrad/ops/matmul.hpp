@@ -2,6 +2,7 @@
 // on CUDA), and the two fused backward GEMMs a training step needs.
 #pragma once
 
+#include <any>
 #include <atomic>
 #include <memory>
 #include <tuple>
@@ -52,13 +53,7 @@ GemmDims gemm_dims(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool t
 /// y(x) = act(x) on a tensor, for the unfused paths.
 template <class T, class D>
 Tensor<T, D> activate(const Tensor<T, D>& z, Activation act) {
-  switch (act) {
-    case Activation::relu: return relu(z);
-    case Activation::gelu: return gelu(z);
-    case Activation::gelu_exact: return gelu_exact(z);
-    case Activation::none: break;
-  }
-  return z;
+  return visit_activation(act, [&](auto f) { return map(z, f, name_of(act)); }, z);
 }
 
 /// dz = g * act'(z) elementwise.
@@ -69,23 +64,22 @@ struct ActBackwardFn {
 
 template <class T, class D>
 Tensor<T, D> activation_backward(const Tensor<T, D>& g, const Tensor<T, D>& z, Activation act) {
-  if (act == Activation::gelu || act == Activation::gelu_exact) {
-    if (act == Activation::gelu ? use_onednn_eltwise<fn::Gelu, T, D>() : use_onednn_eltwise<fn::GeluExact, T, D>()) {
+  return visit_activation(act, [&]<class Op>(Op) {
+    if (use_onednn_eltwise<Op, T, D>()) {
       TG_CHECK(g.shape() == z.shape(), "linear_backward", "gradient of shape ", g.shape().str(), " for a pre-activation of shape ",
                z.shape().str());
       Tensor<T, D> dz(z.shape());
-      if (act == Activation::gelu) unary_backward<fn::Gelu, T, D>(z.size(), z.data(), nullptr, g.data(), dz.data(), {});
-      else unary_backward<fn::GeluExact, T, D>(z.size(), z.data(), nullptr, g.data(), dz.data(), {});
+      unary_backward<Op, T, D>(z.size(), z.data(), nullptr, g.data(), dz.data(), {});
       return dz;
     }
-  }
-  switch (act) {
-    case Activation::relu: return map2(g, z, ActBackwardFn<fn::Relu>{}, "linear_backward");
-    case Activation::gelu: return map2(g, z, ActBackwardFn<fn::Gelu>{}, "linear_backward");
-    case Activation::gelu_exact: return map2(g, z, ActBackwardFn<fn::GeluExact>{}, "linear_backward");
-    case Activation::none: break;
-  }
-  return g;
+    return map2(g, z, ActBackwardFn<Op>{}, "linear_backward");
+  }, g);
+}
+
+/// The post-op oneDNN fuses into a CPU GEMM for `act`.
+inline cpu::Eltwise onednn_post_op(Activation act) {
+  const ActivationInfo info = activation_info(act);
+  return {info.onednn, info.onednn_alpha};
 }
 
 /// Double-precision GEMM on the CPU: oneDNN has no f64 matmul, and double is for gradient checks, so a
@@ -119,7 +113,7 @@ Tensor<T, Cpu> cpu_gemm(const Tensor<T, Cpu>& a, const Tensor<T, Cpu>& b, bool t
     if (bias) c = add(c, *bias);
     return activate(c, act);
   } else if constexpr (std::is_same_v<T, float>) {
-    cpu::GemmShape s{g.m, g.n, g.k, ta, tb, cpu::GemmType::f32, bias != nullptr, act};
+    cpu::GemmShape s{g.m, g.n, g.k, ta, tb, cpu::GemmType::f32, bias != nullptr, onednn_post_op(act)};
     cpu_kernel([s, pa = a.data(), pb = b.data(), pbias = bias ? bias->data() : nullptr, pc = c.data()] {
       cpu::OneDnn::instance().gemm(s, pa, pb, pbias, pc);
     });
@@ -130,7 +124,7 @@ Tensor<T, Cpu> cpu_gemm(const Tensor<T, Cpu>& a, const Tensor<T, Cpu>& b, bool t
     Tensor<float, Cpu> bias_f;
     if (bias) bias_f = cast<float>(*bias);
     if (dnn.bf16_supported()) {
-      cpu::GemmShape s{g.m, g.n, g.k, ta, tb, cpu::GemmType::bf16, bias != nullptr, act};
+      cpu::GemmShape s{g.m, g.n, g.k, ta, tb, cpu::GemmType::bf16, bias != nullptr, onednn_post_op(act)};
       cpu_kernel([&dnn, s, pa = a.data(), pb = b.data(), pbias = bias ? bias_f.data() : nullptr, pc = c.data()] {
         dnn.gemm(s, pa, pb, pbias, pc);
       });
@@ -195,13 +189,14 @@ Tensor<T, D> gemm(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb
     if (g.m == 0 || g.n == 0) return c;
     cuda::Epilogue e = cuda::Epilogue::none;
     if (fused && bias) {
+      const LtFusion lt = activation_info(act).lt;
       e = act == Activation::none ? cuda::Epilogue::bias
-          : act == Activation::relu && pre == nullptr ? cuda::Epilogue::relu_bias
-          : act == Activation::gelu && g.n % 8 == 0 ? cuda::Epilogue::gelu_aux_bias  // aux ld: multiple of 8
-                                                    : cuda::Epilogue::none;
+          : lt == LtFusion::relu && pre == nullptr ? cuda::Epilogue::relu_bias
+          : lt == LtFusion::gelu_tanh && g.n % 8 == 0 ? cuda::Epilogue::gelu_aux_bias  // aux ld: multiple of 8
+                                                      : cuda::Epilogue::none;
     }
-    // cuBLASLt's GELU epilogue is the tanh form; exact GELU and the cases above without an epilogue run
-    // unfused. The aux buffer of GELU_AUX_BIAS is the pre-activation the backward pass needs.
+    // cuBLASLt's GELU epilogue is the tanh form; activations it has no epilogue for and the cases above
+    // without one run unfused. The aux buffer of GELU_AUX_BIAS is the pre-activation backward needs.
     Tensor<T, D> aux;
     if (e == cuda::Epilogue::gelu_aux_bias) aux = Tensor<T, D>(Shape{g.m, g.n});
     const bool done = g.k > 0 && cuda::Lt::instance().matmul(lt_problem<T>(g, ta, tb, e), b.data(), a.data(), c.data(),
@@ -230,13 +225,15 @@ Tensor<T, D> gemm(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb
 
 namespace detail {
 
-/// What a recorded linear layer leaves for its consumer: the pre-activation, so that the next layer's
-/// input-gradient GEMM can apply act' and reduce the bias gradient in its epilogue (DGELU_BGRAD).
+/// What a recorded linear layer leaves on its output's node (Tape::state) for its consumer: the
+/// pre-activation, so that the next layer's input-gradient GEMM can apply act' and reduce the bias
+/// gradient in its epilogue (DGELU_BGRAD) and deliver them here instead of a cotangent.
 template <class T, class D>
-struct LinearProducer : FusedProducer {
+struct LinearProducer {
   Tensor<T, D> z;
   Activation act = Activation::none;
-  Tensor<T, D> dz, db;  ///< delivered by the consumer when pending
+  bool pending = false;  ///< the consumer has delivered dz and db
+  Tensor<T, D> dz, db;
 };
 
 /// The input gradient dz @ w^T of a linear layer; fused into the producer of x when x is the output of
@@ -244,7 +241,8 @@ struct LinearProducer : FusedProducer {
 template <class T, class D>
 void linear_input_gradient(Tape& t, const Trace& x, const Tensor<T, D>& dz, const Tensor<T, D>& w) {
   if (!t.owns(x)) return;
-  auto* producer = dynamic_cast<LinearProducer<T, D>*>(t.producer(x.node).get());
+  auto* state = std::any_cast<std::shared_ptr<LinearProducer<T, D>>>(&t.state(x.node));
+  LinearProducer<T, D>* producer = state ? state->get() : nullptr;
   if (producer != nullptr && producer->act != Activation::none && t.uses(x.node) == 1 && fused_linear()) {
     std::tie(producer->dz, producer->db) = matmul_dact_bgrad(dz, w, true, producer->z, producer->act);
     producer->pending = true;
@@ -299,9 +297,12 @@ Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T
   auto producer = std::make_shared<detail::LinearProducer<T, D>>();
   producer->z = z;
   producer->act = act;
-  detail::record(y, {x.trace(), w.trace(), b.trace()},
-                 [tx = x.trace(), tw = w.trace(), tb = b.trace(), x0 = x.untraced(), w0 = w.untraced(), producer](
-                     detail::Tape& t, const Tensor<T, D>& dy) {
+  const std::int64_t node = detail::record_node(
+      y, {x.trace(), w.trace(), b.trace()},
+      [tx = x.trace(), tw = w.trace(), tb = b.trace(), x0 = x.untraced(), w0 = w.untraced(), producer](detail::Tape& t,
+                                                                                                        std::int64_t node) {
+                   const Tensor<T, D> dy = t.cotangent<T, D>(node);
+                   if (!dy.defined() && !producer->pending) return;  // no gradient reached this layer
                    Tensor<T, D> dz, db;
                    if (producer->pending) {
                      // Delivered by the only consumer (fusion requires one), so dy itself is undefined.
@@ -322,7 +323,7 @@ Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T
                    detail::linear_input_gradient(t, tx, dz, w0);
                    producer->dz = producer->db = Tensor<T, D>{};  // free them early
                  });
-  detail::active_tape->producer(y.trace().node) = producer;
+  detail::active_tape->state(node) = producer;
   return y;
 }
 
@@ -337,7 +338,7 @@ std::pair<Tensor<T, D>, Tensor<T, D>> matmul_dact_bgrad(const Tensor<T, D>& a, c
            "), got ", z.shape().str());
 #if defined(TG_WITH_CUDA)
   if constexpr (std::is_same_v<D, Cuda>) {
-    if (fused_linear() && act == Activation::gelu && g.n % 8 == 0 && g.k > 0 && g.m > 0) {
+    if (fused_linear() && activation_info(act).lt == LtFusion::gelu_tanh && g.n % 8 == 0 && g.k > 0 && g.m > 0) {
       Tensor<T, D> dz(Shape{g.m, g.n}), db(Shape{g.n});
       if (cuda::Lt::instance().matmul(detail::lt_problem<T>(g, false, transpose_b, cuda::Epilogue::dgelu_bgrad), b.data(),
                                       a.data(), dz.data(), db.data(), z.data()))

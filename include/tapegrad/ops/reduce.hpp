@@ -14,51 +14,6 @@ namespace tg {
 
 namespace detail {
 
-/// A tensor seen as (outer, n, inner) around the reduced axis.
-struct AxisView {
-  std::int64_t outer = 1, n = 1, inner = 1;
-};
-
-inline AxisView axis_view(const Shape& s, int axis) {
-  AxisView v;
-  for (int d = 0; d < axis; ++d) v.outer *= s[d];
-  v.n = s[axis];
-  for (int d = axis + 1; d < s.rank(); ++d) v.inner *= s[d];
-  return v;
-}
-
-/// The shape after reducing `axis` (kept as 1 with keepdims).
-inline Shape reduced_shape(const Shape& s, int axis, bool keepdims) {
-  std::vector<std::int64_t> dims;
-  for (int d = 0; d < s.rank(); ++d) {
-    if (d != axis) dims.push_back(s[d]);
-    else if (keepdims) dims.push_back(1);
-  }
-  return Shape(std::span<const std::int64_t>(dims));
-}
-
-/// The identity of max: -inf for floating types, the minimum for integers. (std::numeric_limits is
-/// host-only under nvcc, so the values are spelled out.)
-template <class C> TG_HD C lowest() {
-  if constexpr (std::is_floating_point_v<C>) return -static_cast<C>(INFINITY);
-  else if constexpr (std::is_signed_v<C>) return static_cast<C>(C(1) << (sizeof(C) * 8 - 1));
-  else return C(0);
-}
-
-struct SumReducer {
-  template <class C> TG_HD C init() const { return C(0); }
-  template <class C> TG_HD C step(C acc, C x) const { return acc + x; }
-  template <class C> TG_HD C finish(C acc, std::int64_t) const { return acc; }
-};
-struct MeanReducer : SumReducer {
-  template <class C> TG_HD C finish(C acc, std::int64_t n) const { return acc / C(n); }
-};
-struct MaxReducer {
-  template <class C> TG_HD C init() const { return lowest<C>(); }
-  template <class C> TG_HD C step(C acc, C x) const { return (x > acc || math::isnan(x)) && !math::isnan(acc) ? x : acc; }
-  template <class C> TG_HD C finish(C acc, std::int64_t) const { return acc; }
-};
-
 /// The maximum of n elements x[0], x[stride], ... and the sum of exp(x - max): the stable core of
 /// logsumexp, softmax and the softmax cross-entropy.
 template <class T>
@@ -75,49 +30,6 @@ TG_HD MaxSumExp<T> max_sum_exp(const T* x, std::int64_t n, std::int64_t stride) 
   for (std::int64_t k = 0; k < n; ++k) s += math::exp(convert_from<C>(x[k * stride]) - m);
   return {m, s};
 }
-
-/// y[o] = reduce over k of x[outer(o), k, inner(o)], in index order.
-template <class R, class TIn, class TOut>
-struct ReduceAxisFn {
-  const TIn* x;
-  TOut* y;
-  std::int64_t n, inner;
-  R r;
-  TG_HD void operator()(std::int64_t o) const {
-    using C = compute_t<TIn>;
-    const TIn* base = x + (o / inner) * n * inner + o % inner;
-    C acc = r.template init<C>();
-    for (std::int64_t k = 0; k < n; ++k) acc = r.step(acc, convert_from<C>(base[k * inner]));
-    y[o] = convert_to<TOut>(r.finish(acc, n));
-  }
-};
-
-/// ReduceAxisFn for a CPU and inner > 1 (column sums, bias gradients): item j reduces the `width` outputs
-/// starting at column (j % chunks) * width of outer row j / chunks, walking the reduced rows in order
-/// with the columns innermost, so the loads are contiguous and vectorise. Each output is the same
-/// sequence of steps as in ReduceAxisFn: the results are bitwise equal.
-template <class R, class TIn, class TOut>
-struct ReduceColumnsFn {
-  static constexpr std::int64_t width = 64;
-  const TIn* x;
-  TOut* y;
-  std::int64_t n, inner, chunks;
-  R r;
-  void operator()(std::int64_t j) const {
-    using C = compute_t<TIn>;
-    const std::int64_t outer = j / chunks, first = (j % chunks) * width;
-    const std::int64_t w = inner - first < width ? inner - first : width;
-    const TIn* base = x + outer * n * inner + first;
-    C acc[width];
-    for (std::int64_t c = 0; c < w; ++c) acc[c] = r.template init<C>();
-    for (std::int64_t k = 0; k < n; ++k) {
-      const TIn* row = base + k * inner;
-      for (std::int64_t c = 0; c < w; ++c) acc[c] = r.step(acc[c], convert_from<C>(row[c]));
-    }
-    TOut* out = y + outer * inner + first;
-    for (std::int64_t c = 0; c < w; ++c) out[c] = convert_to<TOut>(r.finish(acc[c], n));
-  }
-};
 
 /// First index of the maximum along the axis (NaN counts as the maximum, as NumPy).
 template <class TIn>
@@ -174,25 +86,6 @@ struct SoftmaxRowFn {
   }
 };
 
-/// Reduces `x` along `axis` with reducer R, writing TOut.
-template <class R, Element TOut, Element T, Device D>
-Tensor<TOut, D> reduce_axis(const Tensor<T, D>& x, int axis, bool keepdims, const char* op) {
-  check_defined(x, op);
-  const int a = x.shape().normalize_axis(axis, op);
-  const AxisView v = axis_view(x.shape(), a);
-  Tensor<TOut, D> y(reduced_shape(x.shape(), a, keepdims));
-  if constexpr (std::is_same_v<D, Cpu>) {
-    if (v.inner > 1) {
-      using F = ReduceColumnsFn<R, T, TOut>;
-      const std::int64_t chunks = (v.inner + F::width - 1) / F::width;
-      index_map<D>(y.size() / v.inner * chunks, F{x.data(), y.data(), v.n, v.inner, chunks, R{}}, v.n * F::width);
-      return y;
-    }
-  }
-  index_map<D>(y.size(), ReduceAxisFn<R, T, TOut>{x.data(), y.data(), v.n, v.inner, R{}}, v.n);
-  return y;
-}
-
 /// Chunk size for whole-tensor reductions: partial results of fixed chunks, then of the partials.
 inline constexpr std::int64_t reduce_chunk = 4096;
 
@@ -210,16 +103,6 @@ Tensor<compute_t<T>, D> reduce_all_partials(const Tensor<T, D>& x, const char* o
   index_map<D>(full, ReduceAxisFn<R, T, C>{x.data(), partial.data(), reduce_chunk, 1, R{}});
   if (tail) index_map<D>(1, ReduceAxisFn<R, T, C>{x.data() + full * reduce_chunk, partial.data() + full, tail, 1, R{}});
   return partial;
-}
-
-template <Element T, Device D>
-Tensor<T, D> sum_to(const Tensor<T, D>& g, const Shape& shape) {
-  if (g.shape() == shape) return g;
-  Tensor<T, D> r = g;
-  while (r.rank() > shape.rank()) r = sum(r, 0);
-  for (int d = 0; d < shape.rank(); ++d)
-    if (shape[d] == 1 && r.dim(d) != 1) r = sum(r, d, true);
-  return r.reshape(shape);
 }
 
 /// The cotangent of a reduction over `axis`, expanded back to the input's shape.

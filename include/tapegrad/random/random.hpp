@@ -97,7 +97,7 @@ TG_HD inline float log1p_f32(float x) {
     const float x2 = x * x;
     return x + fmaf(-0.5f, x2, (x * x2) * (p / q));
   }
-  return static_cast<float>(log(static_cast<double>(x + 1.0f)));
+  return static_cast<float>(::log(static_cast<double>(x + 1.0f)));
 }
 
 /// erf^-1 for float, XLA's ErfInv32 (Giles, "Approximating the erfinv function", GPU Gems 4): a degree-8
@@ -145,14 +145,14 @@ TG_HD inline double erf_inv_f64(double x) {
     y = (((((((2.81022636e-08 * w + 3.43273939e-07) * w - 3.5233877e-06) * w - 4.39150654e-06) * w +
              0.00021858087) * w - 0.00125372503) * w - 0.00417768164) * w + 0.246640727) * w + 1.50140941;
   } else {
-    const double w = sqrt(w0) - 3.0;
+    const double w = ::sqrt(w0) - 3.0;
     y = (((((((-0.000200214257 * w + 0.000100950558) * w + 0.00134934322) * w - 0.00367342844) * w +
              0.00573950773) * w - 0.0076224613) * w + 0.00943887047) * w + 1.00167406) * w + 2.83297682;
   }
   y *= ax;
   const double two_over_sqrt_pi = 1.1283791670955126;
   for (int it = 0; it < 3; ++it) {
-    const double slope = two_over_sqrt_pi * exp(-y * y);
+    const double slope = two_over_sqrt_pi * ::exp(-y * y);
     // erf(y) - ax; above 0.5 written as (1 - ax) - erfc(y), where 1 - ax is exact (Sterbenz) and erfc
     // keeps the tail's precision.
     const double residual = ax > 0.5 ? (1.0 - ax) - erfc(y) : erf(y) - ax;

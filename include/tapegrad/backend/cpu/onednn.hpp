@@ -1,4 +1,4 @@
-// CPU GEMM through oneDNN's matmul primitive, and its eltwise kernels for activations: f32 (and bf16 inputs with f32 accumulation where the CPU
+// CPU GEMM through oneDNN's matmul primitive, and its eltwise kernels for elementwise functions: f32 (and bf16 inputs with f32 accumulation where the CPU
 // has bf16 kernels), bias and activation fused as post-ops, primitives cached per shape, dtype and post-op.
 // Written against oneDNN's C API: nvcc 13 cannot parse dnnl.hpp in C++20 mode, and these headers are
 // included by .cu files too.
@@ -16,19 +16,6 @@
 #include "tapegrad/core/error.hpp"
 
 namespace tg {
-
-/// The activation fused into linear(): none, relu, gelu (tanh approximation) or gelu_exact (erf).
-enum class Activation { none, relu, gelu, gelu_exact };
-
-inline const char* name_of(Activation a) {
-  switch (a) {
-    case Activation::none: return "none";
-    case Activation::relu: return "relu";
-    case Activation::gelu: return "gelu";
-    case Activation::gelu_exact: return "gelu_exact";
-  }
-  return "unknown";
-}
 
 namespace cpu {
 
@@ -49,16 +36,24 @@ namespace detail {
 /// Element type of a GEMM operand.
 enum class GemmType { f32, bf16 };
 
-/// One row-major GEMM: C(m, n) = op(A) op(B) [+ bias(n)] [then activation]; A is (m, k), or stored
+/// An elementwise function oneDNN computes: an eltwise algorithm and its alpha (undef: none).
+struct Eltwise {
+  dnnl_alg_kind_t alg = dnnl_alg_kind_undef;
+  float alpha = 0.0f;
+  auto key() const { return std::tuple(static_cast<int>(alg), alpha); }
+  friend bool operator<(const Eltwise& a, const Eltwise& b) { return a.key() < b.key(); }
+};
+
+/// One row-major GEMM: C(m, n) = op(A) op(B) [+ bias(n)] [then post_op]; A is (m, k), or stored
 /// (k, m) when trans_a; B is (k, n), or stored (n, k) when trans_b. C has the inputs' type.
 struct GemmShape {
   std::int64_t m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   GemmType type = GemmType::f32;
   bool bias = false;
-  Activation activation = Activation::none;
+  Eltwise post_op{};
 
-  auto key() const { return std::tuple(m, n, k, trans_a, trans_b, type, bias, activation); }
+  auto key() const { return std::tuple(m, n, k, trans_a, trans_b, type, bias, post_op.key()); }
   friend bool operator<(const GemmShape& a, const GemmShape& b) { return a.key() < b.key(); }
 };
 
@@ -81,7 +76,7 @@ class OneDnn {
     const auto native = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
     Primitive probe;
     bf16_ = (isa & native) == native &&
-            make(GemmShape{8, 8, 8, false, false, GemmType::bf16, false, Activation::none}, probe) == dnnl_success;
+            make(GemmShape{8, 8, 8, false, false, GemmType::bf16, false, {}}, probe) == dnnl_success;
     bf16_known_ = true;
     return bf16_;
   }
@@ -112,29 +107,29 @@ class OneDnn {
     TG_DNNL_CHECK(dnnl_stream_wait(stream_.get()));
   }
 
-  /// True when oneDNN has the eltwise kernels for `act` on elements of `type` on this CPU (f32 always;
+  /// True when oneDNN has the eltwise kernels for `op` on elements of `type` on this CPU (f32 always;
   /// bf16 with AVX-512, computed in f32 and rounded to nearest even).
-  bool eltwise_supported(Activation act, GemmType type) {
+  bool eltwise_supported(Eltwise op, GemmType type) {
     std::lock_guard lock(mutex_);
-    const auto key = std::pair(act, type);
+    const auto key = std::pair(op, type);
     if (const auto it = eltwise_known_.find(key); it != eltwise_known_.end()) return it->second;
     bool ok = true;
     try {
-      (void)make_eltwise(act, true, 64, type);
-      (void)make_eltwise(act, false, 64, type);
+      (void)make_eltwise(op, true, 64, type);
+      (void)make_eltwise(op, false, 64, type);
     } catch (const Error&) {
       ok = false;
     }
     return eltwise_known_[key] = ok;
   }
 
-  /// y = act(x) (backward: dx = dy * act'(x)) on n contiguous elements of `type` with oneDNN's JIT eltwise
+  /// y = op(x) (backward: dx = dy * op'(x)) on n contiguous elements of `type` with oneDNN's JIT eltwise
   /// kernels (vectorised, transcendental functions included). Blocks until done.
-  void eltwise(Activation act, bool backward, std::int64_t n, const void* x, const void* dy, void* out, GemmType type = GemmType::f32) {
+  void eltwise(Eltwise op, bool backward, std::int64_t n, const void* x, const void* dy, void* out, GemmType type = GemmType::f32) {
     std::lock_guard lock(mutex_);
-    const auto key = std::tuple(act, backward, n, type);
+    const auto key = std::tuple(op, backward, n, type);
     auto it = eltwise_cache_.find(key);
-    if (it == eltwise_cache_.end()) it = eltwise_cache_.emplace(key, make_eltwise(act, backward, n, type)).first;
+    if (it == eltwise_cache_.end()) it = eltwise_cache_.emplace(key, make_eltwise(op, backward, n, type)).first;
     Primitive& p = it->second;
     TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.a.get(), const_cast<void*>(x)));
     TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.c.get(), out));
@@ -195,14 +190,11 @@ class OneDnn {
     dnnl_primitive_attr_t attr_raw = nullptr;
     TG_DNNL_CHECK(dnnl_primitive_attr_create(&attr_raw));
     AttrPtr attr(attr_raw);
-    if (s.activation != Activation::none) {
+    if (s.post_op.alg != dnnl_alg_kind_undef) {
       dnnl_post_ops_t po_raw = nullptr;
       TG_DNNL_CHECK(dnnl_post_ops_create(&po_raw));
       PostOpsPtr po(po_raw);
-      const dnnl_alg_kind_t alg = s.activation == Activation::relu ? dnnl_eltwise_relu
-                                  : s.activation == Activation::gelu ? dnnl_eltwise_gelu_tanh
-                                                                     : dnnl_eltwise_gelu_erf;
-      TG_DNNL_CHECK(dnnl_post_ops_append_eltwise(po.get(), 1.0f, alg, 0.0f, 0.0f));
+      TG_DNNL_CHECK(dnnl_post_ops_append_eltwise(po.get(), 1.0f, s.post_op.alg, s.post_op.alpha, 0.0f));
       TG_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr.get(), po.get()));
     }
     dnnl_primitive_desc_t pd_raw = nullptr;
@@ -224,23 +216,19 @@ class OneDnn {
     return dnnl_success;
   }
 
-  static dnnl_alg_kind_t algorithm(Activation act) {
-    return act == Activation::relu ? dnnl_eltwise_relu : act == Activation::gelu ? dnnl_eltwise_gelu_tanh : dnnl_eltwise_gelu_erf;
-  }
-
-  Primitive make_eltwise(Activation act, bool backward, std::int64_t n, GemmType type) {
-    TG_CHECK(act != Activation::none, "onednn::eltwise", "needs an activation");
+  Primitive make_eltwise(Eltwise op, bool backward, std::int64_t n, GemmType type) {
+    TG_CHECK(op.alg != dnnl_alg_kind_undef, "onednn::eltwise", "needs an eltwise algorithm");
     dnnl_memory_desc_t md;
     const dnnl_dims_t dims = {n};
     TG_DNNL_CHECK(dnnl_memory_desc_init_by_tag(&md, 1, dims, type == GemmType::bf16 ? dnnl_bf16 : dnnl_f32, dnnl_a));
     dnnl_eltwise_desc_t fwd;
-    TG_DNNL_CHECK(dnnl_eltwise_forward_desc_init(&fwd, dnnl_forward_training, algorithm(act), &md, 0.0f, 0.0f));
+    TG_DNNL_CHECK(dnnl_eltwise_forward_desc_init(&fwd, dnnl_forward_training, op.alg, &md, op.alpha, 0.0f));
     dnnl_primitive_desc_t fwd_raw = nullptr;
     TG_DNNL_CHECK(dnnl_primitive_desc_create(&fwd_raw, &fwd, nullptr, engine_.get(), nullptr));
     PdPtr fwd_pd(fwd_raw), pd;
     if (backward) {
       dnnl_eltwise_desc_t bwd;
-      TG_DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd, algorithm(act), &md, &md, 0.0f, 0.0f));
+      TG_DNNL_CHECK(dnnl_eltwise_backward_desc_init(&bwd, op.alg, &md, &md, op.alpha, 0.0f));
       dnnl_primitive_desc_t bwd_raw = nullptr;
       TG_DNNL_CHECK(dnnl_primitive_desc_create(&bwd_raw, &bwd, nullptr, engine_.get(), fwd_pd.get()));
       pd.reset(bwd_raw);
@@ -265,8 +253,8 @@ class OneDnn {
   StreamPtr stream_;
   std::mutex mutex_;
   std::map<GemmShape, Primitive> cache_;
-  std::map<std::tuple<Activation, bool, std::int64_t, GemmType>, Primitive> eltwise_cache_;
-  std::map<std::pair<Activation, GemmType>, bool> eltwise_known_;
+  std::map<std::tuple<Eltwise, bool, std::int64_t, GemmType>, Primitive> eltwise_cache_;
+  std::map<std::pair<Eltwise, GemmType>, bool> eltwise_known_;
   bool bf16_known_ = false, bf16_ = false;
 };
 
