@@ -102,6 +102,7 @@ TEST_CASE("every differentiable op's gradient matches finite differences in doub
   check_op("relu", [](auto a, auto) { return tg::relu(a); }, any);
   check_op("gelu", [](auto a, auto) { return tg::gelu(a); }, any);
   check_op("gelu_exact", [](auto a, auto) { return tg::gelu_exact(a); }, any);
+  check_op("silu", [](auto a, auto) { return tg::silu(a); }, any);
   check_op("square", [](auto a, auto) { return tg::square(a); }, any);
   check_op("sqrt", [](auto a, auto) { return tg::sqrt(a); }, pos);
   check_op("rsqrt", [](auto a, auto) { return tg::rsqrt(a); }, pos);
@@ -156,7 +157,7 @@ TEST_CASE("matmul, linear and softmax cross-entropy differentiate correctly", "[
                AB<double, D>{dinput(31, ta ? tg::Shape{5, 3} : tg::Shape{3, 5}), dinput(32, tb ? tg::Shape{4, 5} : tg::Shape{5, 4})});
     }
   const auto x = dinput(33, {6, 5});
-  for (auto act : {tg::Activation::none, tg::Activation::relu, tg::Activation::gelu, tg::Activation::gelu_exact}) {
+  for (auto act : {tg::Activation::none, tg::Activation::relu, tg::Activation::gelu, tg::Activation::gelu_exact, tg::Activation::silu}) {
     INFO("activation " << tg::name_of(act));
     check_op("linear (w, b)", [&](auto w, auto b) { return tg::linear(x, w, b, act); }, AB<double, D>{dinput(34, {5, 4}), dinput(35, {4})});
     check_op("linear (x, b)", [&](auto xx, auto b) { return tg::linear(xx, dinput(36, {5, 4}), b, act); }, AB<double, D>{x, dinput(37, {4})});

@@ -75,6 +75,7 @@ TEST_CASE("unary ops match double references", "[ops][elementwise]") {
               atol, rtol, "gelu");
   check_close(values(tg::gelu_exact(x)), ref_unary(dx, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }),
               atol, rtol, "gelu_exact");
+  check_close(values(tg::silu(x)), ref_unary(dx, [](double v) { return v / (1 + std::exp(-v)); }), atol, rtol, "silu");
   check_close(values(tg::square(x)), ref_unary(dx, [](double v) { return v * v; }), atol, rtol, "square");
   check_close(values(tg::sqrt(xp)), ref_unary(dxp, [](double v) { return std::sqrt(v); }), atol, rtol, "sqrt");
   check_close(values(tg::rsqrt(xp)), ref_unary(dxp, [](double v) { return 1 / std::sqrt(v); }), atol, rtol, "rsqrt");
@@ -112,6 +113,7 @@ TEST_CASE("functor derivatives match central finite differences in double", "[op
   check_unary(tg::fn::Relu{}, "relu", 0, 1);  // FD at |x| >= h away from the kink: normals never land there
   check_unary(tg::fn::Gelu{}, "gelu", 0, 2);
   check_unary(tg::fn::GeluExact{}, "gelu_exact", 0, 2);
+  check_unary(tg::fn::Silu{}, "silu", 0, 3);
   check_unary(tg::fn::Square{}, "square", 0, 1);
   check_unary(tg::fn::Sqrt{}, "sqrt", 3, 0.5);
   check_unary(tg::fn::Rsqrt{}, "rsqrt", 3, 0.5);
@@ -397,7 +399,7 @@ TEST_CASE("bf16 GEMMs stay close to f32", "[ops][matmul][bf16]") {
 
 TEST_CASE("fused linear equals the unfused composition", "[ops][matmul][linear]") {
   const auto x = input(81, {33, 40}), w = input(82, {40, 24}, 0.2), b = input(83, {24});
-  for (auto act : {tg::Activation::none, tg::Activation::relu, tg::Activation::gelu, tg::Activation::gelu_exact}) {
+  for (auto act : {tg::Activation::none, tg::Activation::relu, tg::Activation::gelu, tg::Activation::gelu_exact, tg::Activation::silu}) {
     INFO("activation " << tg::name_of(act));
     tg::set_fused_linear(true);
     const auto fused = values(tg::linear(x, w, b, act));
@@ -411,6 +413,7 @@ TEST_CASE("fused linear equals the unfused composition", "[ops][matmul][linear]"
         case tg::Activation::relu: return v > 0 ? v : 0.0;
         case tg::Activation::gelu: return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
         case tg::Activation::gelu_exact: return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)));
+        case tg::Activation::silu: return v / (1 + std::exp(-v));
         default: return v;
       }
     };
@@ -424,7 +427,7 @@ TEST_CASE("fused linear equals the unfused composition", "[ops][matmul][linear]"
 
 TEST_CASE("fused backward GEMMs equal their compositions", "[ops][matmul][linear]") {
   const auto g_next = input(91, {32, 16}), w_next = input(92, {24, 16}, 0.3), z = input(93, {32, 24});
-  for (auto act : {tg::Activation::gelu, tg::Activation::relu, tg::Activation::none}) {
+  for (auto act : {tg::Activation::gelu, tg::Activation::relu, tg::Activation::silu, tg::Activation::none}) {
     INFO("activation " << tg::name_of(act));
     const auto [dz, db] = tg::matmul_dact_bgrad(g_next, w_next, true, z, act);
     const auto g = values(tg::matmul(g_next, w_next, false, true));
@@ -433,7 +436,8 @@ TEST_CASE("fused backward GEMMs equal their compositions", "[ops][matmul][linear
     for (std::size_t i = 0; i < g.size(); ++i) {
       const double v = dzv[i];
       const double d = act == tg::Activation::gelu ? tg::fn::Gelu{}.backward(v, 0.0, 1.0)
-                       : act == tg::Activation::relu ? (v > 0 ? 1.0 : 0.0) : 1.0;
+                       : act == tg::Activation::relu ? (v > 0 ? 1.0 : 0.0)
+                       : act == tg::Activation::silu ? tg::fn::Silu{}.backward(v, 0.0, 1.0) : 1.0;
       want[i] = g[i] * d;
       want_db[i % 24] += want[i];
     }

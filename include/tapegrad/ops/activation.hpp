@@ -24,10 +24,11 @@ enum class LtFusion { none, relu, gelu_tanh };
 #define TG_ACTIVATIONS(X)                                                                       \
   X(relu, Relu, dnnl_eltwise_relu, 0.0f, false, LtFusion::relu)                                 \
   X(gelu, Gelu, dnnl_eltwise_gelu_tanh, 0.0f, true, LtFusion::gelu_tanh)                        \
-  X(gelu_exact, GeluExact, dnnl_eltwise_gelu_erf, 0.0f, true, LtFusion::none)
+  X(gelu_exact, GeluExact, dnnl_eltwise_gelu_erf, 0.0f, true, LtFusion::none)                   \
+  X(silu, Silu, dnnl_eltwise_swish, 1.0f, false, LtFusion::none)
 
 /// The activation fused into linear(): none, or one of the table's (gelu is the tanh approximation,
-/// jax.nn.gelu's default; gelu_exact the erf form).
+/// jax.nn.gelu's default; gelu_exact the erf form; silu is x sigmoid(x), jax.nn.silu).
 enum class Activation {
   none,
 #define TG_ACTIVATION_ENUM(name, Functor, alg, alpha, eltwise, lt) name,

@@ -95,6 +95,15 @@ struct GeluExact {
     return dy * (cdf + x * pdf);
   }
 };
+/// SiLU (swish, jax.nn.silu): x sigmoid(x).
+struct Silu {
+  template <class C> TG_HD C operator()(C x) const { return x * Sigmoid{}(x); }
+  // d/dx [x s] = s + x s (1 - s), recomputed from x (linear's backward passes no y).
+  template <class C> TG_HD C backward(C x, C, C dy) const {
+    const C s = Sigmoid{}(x);
+    return dy * s * (C(1) + x * (C(1) - s));
+  }
+};
 struct Square {
   template <class C> TG_HD C operator()(C x) const { return x * x; }
   template <class C> TG_HD C backward(C x, C, C dy) const { return dy * C(2) * x; }
