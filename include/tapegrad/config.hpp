@@ -22,7 +22,20 @@
 #define TG_CUDA_KERNELS 1
 #endif
 
-namespace tg {
+// The configuration's ABI namespace. Every tapegrad name lives in an inline namespace that says whether
+// the translation unit was built with the CUDA backend: tg::abi_cuda (TG_WITH_CUDA) or tg::abi_cpu.
+// Class layouts are the same either way, but inline functions whose bodies depend on TG_WITH_CUDA (the
+// device queries, the allocators, the CUDA paths of the ops) would otherwise be one symbol with two
+// definitions in a program that links a CPU-only translation unit with a CUDA one, and the linker would
+// keep either. With the namespace, such a program holds two consistent copies; passing a tapegrad type
+// between the halves fails to link, naming tg::abi_cpu and tg::abi_cuda (build both with tapegrad::cuda).
+#if defined(TG_WITH_CUDA)
+#define TG_ABI abi_cuda
+#else
+#define TG_ABI abi_cpu
+#endif
+
+namespace tg::inline TG_ABI {
 
 /// The library version as "major.minor.patch".
 inline constexpr const char* version = TG_VERSION_STRING;

@@ -15,7 +15,7 @@
 #include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/random/random.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// Settings of check_grads. The defaults suit double-precision functions; for float32 use a larger step
 /// (eps ~ 1e-3) and tolerance (rtol ~ 1e-2).

@@ -13,7 +13,7 @@
 #include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// A tree of the same structure with each floating leaf replaced by a 0-d tensor: 0 when the leaf is all
 /// finite, NaN when it holds a NaN or an Inf (max |x - x|: finite values give 0, NaN and Inf give NaN).

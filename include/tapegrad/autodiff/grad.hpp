@@ -9,7 +9,7 @@
 #include "tapegrad/core/tape.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// Tag: the function returns std::pair{loss, aux}; aux is passed through, not differentiated.
 struct HasAux {};

@@ -23,7 +23,7 @@
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 namespace detail {
 
@@ -48,19 +48,14 @@ struct Plan {
     std::size_t probe = 0;  // an input leaf that is donated: the argument there tells which plan runs
   };
   std::optional<Twin> twin;
-#if defined(TG_WITH_CUDA)
-  cudaGraphExec_t graph = nullptr;  // the CUDA plan
-#endif
+  /// The CUDA plan: a cudaGraphExec_t, destroyed by the deleter it was made with (held type-erased so
+  /// that Plan's layout and destructor are the same with and without TG_WITH_CUDA).
+  std::shared_ptr<void> graph;
   std::unordered_map<const Storage<D>*, std::size_t> index;
 
   Plan() = default;
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
-  ~Plan() {
-#if defined(TG_WITH_CUDA)
-    if (graph != nullptr) (void)cudaGraphExecDestroy(graph);
-#endif
-  }
 
   std::size_t add(const std::shared_ptr<Storage<D>>& s) {
     const auto [it, added] = index.emplace(s.get(), buffers.size());
@@ -385,9 +380,11 @@ class Compiled {
       throw;
     }
     TG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    const cudaError_t instantiated = cudaGraphInstantiate(&plan.graph, graph, 0);
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
     (void)cudaGraphDestroy(graph);
     TG_CUDA_CHECK(instantiated);
+    plan.graph = std::shared_ptr<void>(exec, [](void* g) { (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g)); });
 #else
     (void)plan, (void)recorder, (void)statics, (void)out, (void)copy_back;
     cuda::require_device("compile");
@@ -425,7 +422,7 @@ class Compiled {
       for (const auto& kernel : use_twin ? plan.twin->kernels : plan.kernels) kernel();
     } else {
 #if defined(TG_WITH_CUDA)
-      TG_CUDA_CHECK(cudaGraphLaunch(plan.graph, cuda::stream()));
+      TG_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(plan.graph.get()), cuda::stream()));
 #endif
     }
     Out out = entry.prototype;

@@ -6,7 +6,7 @@
 
 #include "tapegrad/config.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 namespace detail {
 

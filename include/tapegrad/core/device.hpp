@@ -13,7 +13,7 @@
 #include "tapegrad/backend/cuda/check.hpp"
 #endif
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// Host memory, computed by OpenMP loops and oneDNN.
 struct Cpu {

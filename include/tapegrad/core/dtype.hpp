@@ -6,7 +6,7 @@
 
 #include "tapegrad/core/bf16.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// Run-time tag of an element type (for printing, checkpoints and errors; dispatch is static).
 enum class DType : std::uint8_t { f32, f64, bf16, i32, u32, u8 };

@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// Every error tapegrad reports: a user mistake, bad input, or a failed CUDA / cuBLAS call.
 class Error : public std::runtime_error {

@@ -16,7 +16,7 @@
 #include "tapegrad/core/error.hpp"
 #include "tapegrad/core/storage.hpp"
 
-namespace tg::detail {
+namespace tg::inline TG_ABI::detail {
 
 class Recorder {
  public:

@@ -11,7 +11,7 @@
 
 #include "tapegrad/core/error.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// The dimensions of a row-major tensor. Rank 0 is a scalar (one element).
 class Shape {

@@ -16,7 +16,7 @@
 #include "tapegrad/backend/cuda/context.hpp"
 #endif
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// Bytes on device D. CPU blocks are 64-byte aligned (one cache line, a full AVX-512 vector); CUDA
 /// blocks come from the stream-ordered pool of the device that was current at allocation.

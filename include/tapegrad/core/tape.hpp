@@ -18,7 +18,7 @@
 #include "tapegrad/core/error.hpp"
 #include "tapegrad/core/shape.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 template <Element T, Device D>
 class Tensor;  // core/tensor.hpp

@@ -22,7 +22,7 @@
 #include "tapegrad/core/storage.hpp"
 #include "tapegrad/core/tape.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 template <Element T, Device D = Cpu>
 class Tensor;

@@ -12,7 +12,7 @@
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/random/random.hpp"
 
-namespace tg::data {
+namespace tg::inline TG_ABI::data {
 
 /// One batch: x (B, features) float32, y (B,) int32 class labels.
 template <Device D>

@@ -17,7 +17,7 @@
 #include "tapegrad/core/shape.hpp"
 #include "tapegrad/core/tensor.hpp"
 
-namespace tg::data {
+namespace tg::inline TG_ABI::data {
 
 /// The bytes of `path`, decompressed when it is gzip (zlib detects it; other files are read as they are).
 /// Throws naming the file for a missing or unreadable file and for a truncated or corrupt gzip stream.

@@ -26,7 +26,7 @@
 #include <nccl.h>
 #endif
 
-namespace tg::dist {
+namespace tg::inline TG_ABI::dist {
 
 namespace detail {
 
@@ -90,9 +90,11 @@ class Communicator {
       ncclUniqueId id;
       if (rank_ == 0) detail::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
       detail::check_mpi(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm_), "MPI_Bcast(nccl id)");
-      detail::check_nccl(ncclCommInitRank(&nccl_, size_, id, rank_), "ncclCommInitRank");
+      ncclComm_t made = nullptr;
+      detail::check_nccl(ncclCommInitRank(&made, size_, id, rank_), "ncclCommInitRank");
+      nccl_ = made;
     }
-    return nccl_;
+    return static_cast<ncclComm_t>(nccl_);
   }
 #endif
 
@@ -116,7 +118,7 @@ class Communicator {
   }
   ~Communicator() {
 #if defined(TG_WITH_CUDA)
-    if (nccl_ != nullptr) (void)ncclCommDestroy(nccl_);
+    if (nccl_ != nullptr) (void)ncclCommDestroy(static_cast<ncclComm_t>(nccl_));
 #endif
     int finalised = 0;
     MPI_Finalized(&finalised);
@@ -129,9 +131,7 @@ class Communicator {
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1, local_rank_ = 0;
   bool owns_mpi_ = false;
-#if defined(TG_WITH_CUDA)
-  ncclComm_t nccl_ = nullptr;
-#endif
+  void* nccl_ = nullptr;  // an ncclComm_t; void* so the layout is the same with and without TG_WITH_CUDA
 };
 
 namespace detail {

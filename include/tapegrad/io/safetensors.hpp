@@ -27,7 +27,7 @@
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
-namespace tg::io {
+namespace tg::inline TG_ABI::io {
 
 namespace detail {
 

@@ -10,7 +10,7 @@
 
 #include "tapegrad/ops/functors.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// What cuBLASLt can fuse into a GEMM's epilogue for an activation (ops/matmul.hpp maps it to the
 /// backend's epilogues): nothing, relu (forward, when the pre-activation is not kept), or GELU in the

@@ -12,7 +12,7 @@
 #include "tapegrad/ops/functors.hpp"
 #include "tapegrad/ops/kernels.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 namespace detail {
 

@@ -9,7 +9,7 @@
 #include "tapegrad/config.hpp"
 #include "tapegrad/core/bf16.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// The type arithmetic is done in: float for float and bf16 (bf16 is a storage format), double for double,
 /// and the type itself for integers.

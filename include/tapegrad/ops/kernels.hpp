@@ -13,7 +13,7 @@
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/ops/functors.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 namespace detail {
 
 template <class T, class C>

@@ -15,7 +15,7 @@
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduce.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 namespace detail {
 inline std::atomic<bool> fused_linear_enabled{true};

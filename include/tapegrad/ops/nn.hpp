@@ -8,7 +8,7 @@
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/reduce.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 namespace detail {
 

@@ -10,7 +10,7 @@
 
 #include "tapegrad/ops/elementwise.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 namespace detail {
 

@@ -4,7 +4,7 @@
 #include "tapegrad/optim/combine.hpp"
 #include "tapegrad/optim/transforms.hpp"
 
-namespace tg::optim {
+namespace tg::inline TG_ABI::optim {
 
 /// Plain SGD: chain(identity(), scale_by_learning_rate(lr)). lr: a number or a schedule.
 template <class LR>

@@ -11,7 +11,7 @@
 
 #include "tapegrad/tree/pytree.hpp"
 
-namespace tg::optim {
+namespace tg::inline TG_ABI::optim {
 
 /// The state of a stateless transformation: a pytree with no leaves.
 struct EmptyState {};

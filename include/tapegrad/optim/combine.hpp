@@ -6,7 +6,7 @@
 
 #include "tapegrad/optim/base.hpp"
 
-namespace tg::optim {
+namespace tg::inline TG_ABI::optim {
 
 /// Applies its transformations in order, each to the previous one's updates.
 template <class... G>

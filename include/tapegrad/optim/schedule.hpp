@@ -11,7 +11,7 @@
 #include "tapegrad/config.hpp"
 #include "tapegrad/core/error.hpp"
 
-namespace tg::optim {
+namespace tg::inline TG_ABI::optim {
 
 /// A schedule: a copyable value with TG_HD double operator()(int64 count).
 template <class S>

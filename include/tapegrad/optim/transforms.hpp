@@ -15,7 +15,7 @@
 #include "tapegrad/optim/base.hpp"
 #include "tapegrad/optim/schedule.hpp"
 
-namespace tg::optim {
+namespace tg::inline TG_ABI::optim {
 
 // ---- states (pytrees, so they checkpoint and tree_map like parameters) ----
 

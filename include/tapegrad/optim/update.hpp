@@ -11,7 +11,7 @@
 
 #include "tapegrad/optim/alias.hpp"
 
-namespace tg::optim {
+namespace tg::inline TG_ABI::optim {
 
 /// params + updates, leaf by leaf, in the parameters' dtype (optax.apply_updates).
 template <class Params>

@@ -15,7 +15,7 @@
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/random/threefry.hpp"
 
-namespace tg::random {
+namespace tg::inline TG_ABI::random {
 
 /// A key from an integer seed, as jax.random.key(seed): [0, seed] for 32-bit seeds (JAX's default x32
 /// mode), [seed >> 32, seed & 0xFFFFFFFF] for larger ones (as JAX with x64 enabled).

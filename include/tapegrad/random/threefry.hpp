@@ -6,7 +6,7 @@
 
 #include "tapegrad/config.hpp"
 
-namespace tg::random {
+namespace tg::inline TG_ABI::random {
 
 /// A PRNG key: two 32-bit words, as jax.random.key_data(key) shows them.
 struct Key {

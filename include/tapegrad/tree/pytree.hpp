@@ -44,7 +44,7 @@
     requires(::tg::detail::names_type<Type, std::remove_cvref_t<Tg_Self>>())                              \
   auto tg_pytree_field_types(const Tg_Self*)->std::tuple<void* TG_PP_FOR_EACH(TG_PYTREE_FIELD_TYPE, __VA_ARGS__)>;
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 /// Any tensor: what tree_leaves returns.
 using AnyTensor =

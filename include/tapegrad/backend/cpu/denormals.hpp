@@ -15,7 +15,7 @@
 
 #include <omp.h>
 
-namespace tg::cpu {
+namespace tg::inline TG_ABI::cpu {
 
 namespace detail {
 inline constexpr unsigned flush_bits = 0x8040u;  // FTZ (bit 15) | DAZ (bit 6)

@@ -8,7 +8,7 @@
 
 #include <omp.h>
 
-namespace tg::cpu {
+namespace tg::inline TG_ABI::cpu {
 
 /// Calls f(i) for i in [0, n), in parallel when the work, n * work_per_item element operations, is large
 /// enough to pay for the threads.

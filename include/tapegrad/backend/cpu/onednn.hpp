@@ -15,7 +15,7 @@
 
 #include "tapegrad/core/error.hpp"
 
-namespace tg {
+namespace tg::inline TG_ABI {
 
 namespace cpu {
 

@@ -15,7 +15,7 @@
 #include "tapegrad/backend/cuda/context.hpp"
 #include "tapegrad/core/device.hpp"
 
-namespace tg::cuda {
+namespace tg::inline TG_ABI::cuda {
 
 /// What cuBLASLt fuses after the GEMM (column-major terms: D is m x n).
 enum class Epilogue {

@@ -20,7 +20,7 @@
 
 #include "tapegrad/core/error.hpp"
 
-namespace tg::cuda::detail {
+namespace tg::inline TG_ABI::cuda::detail {
 
 /// The readable name of a type (for messages about the functor a kernel ran).
 template <class T>

@@ -12,7 +12,7 @@
 #include "tapegrad/backend/cuda/check.hpp"
 #include "tapegrad/core/device.hpp"
 
-namespace tg::cuda {
+namespace tg::inline TG_ABI::cuda {
 
 /// An error a kernel found in the data (a label out of range). The first failing thread fills it in,
 /// in mapped host memory, and the next synchronisation raises it as a tg::Error: kernels cannot throw,

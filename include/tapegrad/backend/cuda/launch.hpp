@@ -9,7 +9,7 @@
 #if defined(TG_CUDA_KERNELS)
 #include "tapegrad/backend/cuda/context.hpp"
 
-namespace tg::cuda {
+namespace tg::inline TG_ABI::cuda {
 
 template <class F>
 __global__ void index_map_kernel(std::int64_t n, F f) {
