@@ -5,7 +5,8 @@ Every header under include/tapegrad belongs to one layer of LAYERS, lowest first
 headers of its own layer or of a lower one, never of a higher one; headers of one layer must not include
 each other in a cycle; nothing above ops includes a backend header (the umbrella header excepted); and no
 #include comes after the first line of code (a line that is not blank, a comment or a preprocessor
-directive). Every header must be listed, so a new one is placed deliberately.
+directive); and a header that opens the tapegrad namespace includes config.hpp, where the name of its
+ABI namespace is defined. Every header must be listed, so a new one is placed deliberately.
 
   scripts/check_layers.py [include_dir]      exit 0: clean; 1: each violation printed
 """
@@ -87,8 +88,13 @@ def main():
             problems.append(f"{rel}: not in any layer of scripts/check_layers.py; add it to LAYERS and docs/architecture.md")
             continue
         graph[rel] = []
+        text = (root / "tapegrad" / rel).read_text()
+        # The ABI namespace's name comes from config.hpp: a header that opens it without including
+        # config.hpp first would open a namespace literally named TG_ABI when included on its own.
+        if "inline TG_ABI" in text and rel != "config.hpp" and '#include "tapegrad/config.hpp"' not in text:
+            problems.append(f'{rel}: opens the tapegrad namespace (TG_ABI) without #include "tapegrad/config.hpp"')
         seen_code = None
-        for number, line, is_code in code_lines((root / "tapegrad" / rel).read_text()):
+        for number, line, is_code in code_lines(text):
             if is_code and seen_code is None:
                 seen_code = number
             if ANY_INCLUDE.match(line) and seen_code is not None:

@@ -109,6 +109,8 @@ TEST_CASE("every differentiable op's gradient matches finite differences in doub
   check_op("abs", [](auto a, auto) { return tg::abs(a); }, any);
   check_op("neg", [](auto a, auto) { return -a; }, any);
   check_op("pow", [](auto a, auto) { return tg::pow(a, 2.5); }, pos);
+  check_op("clip", [](auto a, auto) { return tg::clip(a, -0.8, 0.9); }, any);
+  check_op("map2 AddScaled", [](auto a, auto b) { return tg::map2(a, b, tg::fn::AddScaled{-0.7}); }, any);
   check_op("add", [](auto a, auto b) { return a + b; }, any);
   check_op("sub", [](auto a, auto b) { return a - b; }, any);
   check_op("mul", [](auto a, auto b) { return a * b; }, any);

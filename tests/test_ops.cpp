@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <vector>
 
 using Catch::Matchers::Contains;
@@ -196,6 +197,35 @@ TEST_CASE("comparisons, where and cast", "[ops][elementwise]") {
   CHECK(values(tg::cast<float>(tg::cast<tg::bf16>(a))) == as_double(h));
   CHECK(tg::cast<std::int32_t>(tg::from_vector<D>(std::vector<float>{1.7f, -2.5f})).to_vector() == std::vector<std::int32_t>{1, -2});
   CHECK(tg::cast<float>(a).data() == a.data());  // same type: shared, no copy
+}
+
+namespace ops_test {
+struct Half {  // a user's functor with another output type (int32 in, double out)
+  TG_HD double operator()(std::int32_t v) const { return v / 2.0; }
+};
+}  // namespace ops_test
+
+TEST_CASE("clip, map with another output type, and map2 with AddScaled", "[ops][elementwise]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const auto x = tg::from_vector<D>(std::vector<float>{-3.0f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 2.0f, nan});
+  const auto c = tg::clip(x, -1.0, 1.0).to_vector();
+  const std::vector<float> want{-1.0f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 1.0f};
+  for (std::size_t i = 0; i < want.size(); ++i) CHECK(c[i] == want[i]);
+  CHECK(std::isnan(c[7]));  // as jnp.clip: NaN stays NaN
+  CHECK_THROWS_WITH(tg::clip(x, 1.0, -1.0), Contains("[clip] needs lo <= hi, got [1, -1]"));
+  // Derivative: 1 inside, 0 outside, 1/2 on a bound (JAX's tie rule for maximum / minimum).
+  CHECK(tg::fn::Clip{-1.0, 1.0}.backward(1.0, 0.0, 1.0) == 0.5);
+  CHECK(tg::fn::Clip{-1.0, 1.0}.backward(-2.0, 0.0, 1.0) == 0.0);
+  CHECK(tg::fn::Clip{-1.0, 1.0}.backward(0.25, 0.0, 1.0) == 1.0);
+  // map<Op, Out>: an int32 tensor mapped to doubles.
+  const auto halves = tg::map<ops_test::Half, double>(tg::from_vector<D>(std::vector<std::int32_t>{1, 4, -3}), ops_test::Half{});
+  CHECK(halves.to_vector() == std::vector<double>{0.5, 2.0, -1.5});
+  // AddScaled: a + alpha b in the compute type, rounded once (bf16: one rounding of the f32 result).
+  const auto a = input(23, {40}), b = input(24, {40});
+  const auto got = tg::map2(tg::cast<tg::bf16>(a), tg::cast<tg::bf16>(b), tg::fn::AddScaled{0.3}).to_vector();
+  const auto ha = tg::cast<tg::bf16>(a).to_vector(), hb = tg::cast<tg::bf16>(b).to_vector();
+  for (std::size_t i = 0; i < got.size(); ++i)
+    CHECK(got[i].bits == tg::bf16(static_cast<float>(ha[i]) + 0.3f * static_cast<float>(hb[i])).bits);
 }
 
 TEST_CASE("f32 <-> bf16 casts of large tensors equal the scalar conversion for every kind of value", "[ops][elementwise][bf16]") {

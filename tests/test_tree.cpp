@@ -56,6 +56,19 @@ TEST_CASE("paths, leaves and counts follow the declared order", "[tree]") {
   static_assert(std::is_same_v<tg::tree_device_t<tree_test::Dense<tg::Cuda>>, tg::Cuda>);
 }
 
+TEST_CASE("tree_for_each_tensor numbers the tensor leaves, skipping a mask's bools", "[tree]") {
+  // A tuple of a mask-like tree and a model: the index counts tensors only, across the tuple's elements.
+  std::tuple<std::array<bool, 2>, tree_test::Dense<tg::Cpu>, std::vector<tg::Tensor<double>>> t{
+      {true, false}, {tg::ones<float>({2}), tg::zeros<float>({1})}, {tg::ones<double>({3})}};
+  std::vector<std::pair<std::size_t, std::string>> seen;
+  tg::tree_for_each_tensor([&](std::size_t index, const std::string& path, const auto& leaf) {
+    CHECK(leaf.defined());
+    seen.emplace_back(index, path);
+  }, t);
+  const std::vector<std::pair<std::size_t, std::string>> want{{0, "[1].w"}, {1, "[1].b"}, {2, "[2][0]"}};
+  CHECK(seen == want);
+}
+
 TEST_CASE("tree_map, zeros_like, global_norm and all_close", "[tree]") {
   const auto m = make_model();
   const auto doubled = tg::tree_map([](const auto& a) { return tg::add(a, a); }, m);

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/random/random.hpp"
 

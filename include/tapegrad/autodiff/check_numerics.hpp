@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/error.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/ops/elementwise.hpp"

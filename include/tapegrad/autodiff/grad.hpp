@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/tape.hpp"
 #include "tapegrad/tree/pytree.hpp"
 

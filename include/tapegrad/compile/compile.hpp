@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/recorder.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/tree/pytree.hpp"
@@ -116,15 +117,6 @@ std::string signature(Tuple& args) {
   return key;
 }
 
-/// Calls f(leaf) for every tensor leaf of every element of a tuple of trees.
-template <class Tuple, class F>
-void for_each_tensor(Tuple& args, F&& f) {
-  std::apply([&](auto&... a) {
-    (tree_for_each([&](const std::string& path, auto& leaf) {
-      if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) f(path, leaf);
-    }, a), ...);
-  }, args);
-}
 
 template <Device D, class Leaf>
 void require_device_of(const std::string& path, const Leaf& leaf, const char* what) {
@@ -175,14 +167,14 @@ class Compiled {
     detail::Plan<D>& plan = entry.plan;
     // The inputs live in buffers of the plan's own, copied from the first call's arguments.
     Held statics = held;
-    detail::for_each_tensor(statics, [&](const std::string& path, auto& leaf) {
+    tree_for_each_tensor([&](std::size_t, const std::string& path, auto& leaf) {
       detail::require_device_of<D>(path, leaf, "input");
       using L = std::remove_cvref_t<decltype(leaf)>;
       auto buf = std::make_shared<Storage<D>>(leaf.nbytes());
       detail::copy_bytes<D, D>(buf->data(), leaf.data(), leaf.nbytes());
       leaf = L(buf, leaf.shape());
       plan.inputs.push_back({plan.add(buf), leaf.shape(), L::dtype()});
-    });
+    }, statics);
     held = Held{};
 
     detail::Recorder recorder;
@@ -219,18 +211,14 @@ class Compiled {
 
     // Outputs: buffers of the plan (an output the step did not compute, a constant, is kept too).
     entry.prototype = *out;
-    std::size_t k = 0;
-    tree_for_each([&](const std::string& path, auto& leaf, auto& proto) {
+    tree_for_each_tensor([&](std::size_t k, const std::string& path, auto& leaf, auto& proto) {
       using L = std::remove_cvref_t<decltype(leaf)>;
-      if constexpr (!std::is_same_v<L, bool>) {
-        detail::require_device_of<D>(path, leaf, "output");
-        const auto it = std::find_if(copy_back.begin(), copy_back.end(), [&](const auto& c) { return c.first == k; });
-        const std::size_t buffer = it != copy_back.end() ? plan.inputs[it->second].buffer : plan.add(leaf.storage());
-        plan.outputs.push_back({buffer, leaf.shape(), L::dtype()});
-        leaf = L(plan.buffers[buffer], leaf.shape());
-        proto = L{};
-        ++k;
-      }
+      detail::require_device_of<D>(path, leaf, "output");
+      const auto it = std::find_if(copy_back.begin(), copy_back.end(), [&](const auto& c) { return c.first == k; });
+      const std::size_t buffer = it != copy_back.end() ? plan.inputs[it->second].buffer : plan.add(leaf.storage());
+      plan.outputs.push_back({buffer, leaf.shape(), L::dtype()});
+      leaf = L(plan.buffers[buffer], leaf.shape());
+      proto = L{};
     }, *out, entry.prototype);
     return std::move(*out);
   }
@@ -238,13 +226,9 @@ class Compiled {
   template <class Tree>
   static std::shared_ptr<Storage<Cpu>> output_storage(const Tree& tree, std::size_t index) {
     std::shared_ptr<Storage<Cpu>> found;
-    std::size_t k = 0;
-    tree_for_each([&](const std::string&, const auto& leaf) {
-      if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) {
-        if constexpr (std::is_same_v<typename std::remove_cvref_t<decltype(leaf)>::device_type, Cpu>)
-          if (k == index) found = leaf.storage();
-        ++k;
-      }
+    tree_for_each_tensor([&](std::size_t k, const std::string&, const auto& leaf) {
+      if constexpr (std::is_same_v<typename std::remove_cvref_t<decltype(leaf)>::device_type, Cpu>)
+        if (k == index) found = leaf.storage();
     }, tree);
     return found;
   }
@@ -267,12 +251,11 @@ class Compiled {
       const auto at = std::find(recorder.cpu_buffers.begin(), recorder.cpu_buffers.end(), computed);
       if (at == recorder.cpu_buffers.end()) return false;
       *at = plan.buffers[plan.inputs[j].buffer];
-      std::size_t k = 0;
       const std::size_t input = j;  // clang 14 cannot capture a structured binding
-      detail::for_each_tensor(inputs, [&](const std::string&, auto& leaf) {
+      tree_for_each_tensor([&](std::size_t k, const std::string&, auto& leaf) {
         using L = std::remove_cvref_t<decltype(leaf)>;
-        if (k++ == input) leaf = L(computed, leaf.shape());
-      });
+        if (k == input) leaf = L(computed, leaf.shape());
+      }, inputs);
     }
     std::optional<Out> again;
     try {
@@ -283,25 +266,21 @@ class Compiled {
     }
     if (recorder.served != recorder.cpu_buffers.size()) return false;
     // Each output must be where the first plan's is, except the donated ones, which must be in their inputs.
-    std::size_t k = 0;
     bool same = true;
-    tree_for_each([&](const std::string&, const auto& a, const auto& b) {
-      if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(a)>, bool>) {
-        const auto it = std::find_if(pairs.begin(), pairs.end(), [&](const auto& c) { return c.first == k; });
-        const auto expected = it != pairs.end() ? plan.buffers[plan.inputs[it->second].buffer] : a.storage();
-        same = same && b.storage() == expected;
-        ++k;
-      }
+    tree_for_each_tensor([&](std::size_t k, const std::string&, const auto& a, const auto& b) {
+      const auto it = std::find_if(pairs.begin(), pairs.end(), [&](const auto& c) { return c.first == k; });
+      const auto expected = it != pairs.end() ? plan.buffers[plan.inputs[it->second].buffer] : a.storage();
+      same = same && b.storage() == expected;
     }, out, *again);
     if (!same) return false;
     typename detail::Plan<Cpu>::Twin twin;
-    detail::for_each_tensor(inputs, [&](const std::string&, const auto& leaf) {
+    tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) {
       using L = std::remove_cvref_t<decltype(leaf)>;
       twin.inputs.push_back({plan.add(leaf.storage()), leaf.shape(), L::dtype()});
-    });
-    tree_for_each([&](const std::string&, const auto& leaf) {
+    }, inputs);
+    tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) {
       using L = std::remove_cvref_t<decltype(leaf)>;
-      if constexpr (!std::is_same_v<L, bool>) twin.outputs.push_back({plan.add(leaf.storage()), leaf.shape(), L::dtype()});
+      twin.outputs.push_back({plan.add(leaf.storage()), leaf.shape(), L::dtype()});
     }, *again);
     twin.kernels = std::move(recorder.cpu_kernels);
     twin.probe = pairs.front().second;
@@ -316,28 +295,21 @@ class Compiled {
   template <class D, class Out>
   std::vector<std::pair<std::size_t, std::size_t>> donate(detail::Plan<D>& plan, const Out& out, bool copy) {
     std::vector<bool> taken(plan.inputs.size(), false);
-    tree_for_each([&](const std::string&, const auto& leaf) {  // inputs returned as they are stay theirs
-      if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) {
-        for (std::size_t j = 0; j < plan.inputs.size(); ++j)
-          if (leaf.storage() == plan.buffers[plan.inputs[j].buffer]) taken[j] = true;
-      }
+    tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) {  // inputs returned as they are stay theirs
+      for (std::size_t j = 0; j < plan.inputs.size(); ++j)
+        if (leaf.storage() == plan.buffers[plan.inputs[j].buffer]) taken[j] = true;
     }, out);
     std::vector<std::pair<std::size_t, std::size_t>> pairs;
-    std::size_t k = 0;
-    tree_for_each([&](const std::string&, const auto& leaf) {
+    tree_for_each_tensor([&](std::size_t k, const std::string&, const auto& leaf) {
       using L = std::remove_cvref_t<decltype(leaf)>;
-      if constexpr (!std::is_same_v<L, bool>) {
-        if (leaf.defined() && plan.index.count(leaf.storage().get()) == 0) {
-          for (std::size_t j = 0; j < plan.inputs.size(); ++j) {
-            const auto& in = plan.inputs[j];
-            if (taken[j] || in.dtype != L::dtype() || in.shape != leaf.shape()) continue;
-            if (copy) detail::plan_copy<D>(plan.buffers[in.buffer]->data(), leaf.data(), leaf.nbytes());
-            taken[j] = true;
-            pairs.emplace_back(k, j);
-            break;
-          }
-        }
-        ++k;
+      if (!leaf.defined() || plan.index.count(leaf.storage().get()) != 0) return;
+      for (std::size_t j = 0; j < plan.inputs.size(); ++j) {
+        const auto& in = plan.inputs[j];
+        if (taken[j] || in.dtype != L::dtype() || in.shape != leaf.shape()) continue;
+        if (copy) detail::plan_copy<D>(plan.buffers[in.buffer]->data(), leaf.data(), leaf.nbytes());
+        taken[j] = true;
+        pairs.emplace_back(k, j);
+        break;
       }
     }, out);
     return pairs;
@@ -358,18 +330,14 @@ class Compiled {
       detail::ActiveRecorder active(recorder);
       const Out again = std::apply(f_, statics);
       std::vector<const void*> first, second;
-      tree_for_each([&](const std::string&, const auto& a, const auto& b) {
-        if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(a)>, bool>) first.push_back(a.data()), second.push_back(b.data());
+      tree_for_each_tensor([&](std::size_t, const std::string&, const auto& a, const auto& b) {
+        first.push_back(a.data()), second.push_back(b.data());
       }, out, again);
       TG_CHECK(first == second, "compile", "the step's outputs moved between its recording and capture passes; a compiled "
                "step must do the same work every time it is called with the same shapes");
-      std::size_t k = 0;
-      tree_for_each([&](const std::string&, const auto& leaf) {
-        if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) {
-          for (const auto& [o, j] : copy_back)
-            if (o == k) detail::plan_copy<D>(plan.buffers[plan.inputs[j].buffer]->data(), leaf.data(), leaf.nbytes());
-          ++k;
-        }
+      tree_for_each_tensor([&](std::size_t k, const std::string&, const auto& leaf) {
+        for (const auto& [o, j] : copy_back)
+          if (o == k) detail::plan_copy<D>(plan.buffers[plan.inputs[j].buffer]->data(), leaf.data(), leaf.nbytes());
       }, again);
       TG_CHECK(recorder.served == recorder.cuda_buffers.size(), "compile", "the step allocated ", recorder.served,
                " buffers on its capture pass but ", recorder.cuda_buffers.size(), " when recorded; a compiled step must do "
@@ -397,23 +365,21 @@ class Compiled {
     // On the CPU with donation, the twin runs when the arguments are the first plan's outputs.
     bool use_twin = false;
     if (plan.twin) {
-      std::size_t k = 0;
-      detail::for_each_tensor(held, [&](const std::string&, const auto& leaf) {
-        if (k++ == plan.twin->probe) use_twin = leaf.storage() == plan.buffers[plan.twin->inputs[plan.twin->probe].buffer];
-      });
+      tree_for_each_tensor([&](std::size_t k, const std::string&, const auto& leaf) {
+        if (k == plan.twin->probe) use_twin = leaf.storage() == plan.buffers[plan.twin->inputs[plan.twin->probe].buffer];
+      }, held);
     }
     const auto& inputs = use_twin ? plan.twin->inputs : plan.inputs;
     const auto& outputs = use_twin ? plan.twin->outputs : plan.outputs;
     // Arguments not already in their input buffers are copied in (a donated argument returned by the
     // previous call is already there).
-    std::size_t k = 0;
-    detail::for_each_tensor(held, [&](const std::string& path, const auto& leaf) {
+    tree_for_each_tensor([&](std::size_t k, const std::string& path, const auto& leaf) {
       detail::require_device_of<D>(path, leaf, "input");
-      const std::size_t i = inputs[k++].buffer;
+      const std::size_t i = inputs[k].buffer;
       if (leaf.storage() == plan.buffers[i]) return;
       plan.make_exclusive(i);
       detail::copy_bytes<D, D>(plan.buffers[i]->data(), leaf.data(), leaf.nbytes());
-    });
+    }, held);
     held = Held{};
     // Whatever the caller still holds of the buffers the step writes gets a copy first.
     for (const auto& in : inputs) plan.make_exclusive(in.buffer);
@@ -426,13 +392,9 @@ class Compiled {
 #endif
     }
     Out out = entry.prototype;
-    k = 0;
-    tree_for_each([&](const std::string&, auto& leaf) {
+    tree_for_each_tensor([&](std::size_t k, const std::string&, auto& leaf) {
       using L = std::remove_cvref_t<decltype(leaf)>;
-      if constexpr (!std::is_same_v<L, bool>) {
-        const auto& o = outputs[k++];
-        leaf = L(plan.buffers[o.buffer], o.shape);
-      }
+      leaf = L(plan.buffers[outputs[k].buffer], outputs[k].shape);
     }, out);
     return out;
   }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/bf16.hpp"
 
 namespace tg::inline TG_ABI {

@@ -1,6 +1,8 @@
 // The library's one exception type and the check macros that raise it with "[op] message".
 #pragma once
 
+#include "tapegrad/config.hpp"
+
 #include <sstream>
 #include <stdexcept>
 #include <string>

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/device.hpp"
 #include "tapegrad/core/error.hpp"
 #include "tapegrad/core/storage.hpp"

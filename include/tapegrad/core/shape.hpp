@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/error.hpp"
 
 namespace tg::inline TG_ABI {

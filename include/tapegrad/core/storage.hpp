@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/device.hpp"
 #include "tapegrad/core/error.hpp"
 #include "tapegrad/backend/cpu/loops.hpp"

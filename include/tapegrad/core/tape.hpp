@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/device.hpp"
 #include "tapegrad/core/dtype.hpp"
 #include "tapegrad/core/error.hpp"

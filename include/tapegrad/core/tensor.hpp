@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/backend/cpu/loops.hpp"
 #include "tapegrad/backend/cuda/launch.hpp"
 #include "tapegrad/core/device.hpp"

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/error.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/random/random.hpp"

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/error.hpp"
 #include "tapegrad/core/shape.hpp"
 #include "tapegrad/core/tensor.hpp"

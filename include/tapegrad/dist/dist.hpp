@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/error.hpp"
 #include "tapegrad/core/recorder.hpp"
 #include "tapegrad/core/tensor.hpp"

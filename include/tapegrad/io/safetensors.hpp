@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/error.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/tree/pytree.hpp"

@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/ops/functors.hpp"
 
 namespace tg::inline TG_ABI {

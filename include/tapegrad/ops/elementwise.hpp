@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/backend/cpu/onednn.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/ops/activation.hpp"
@@ -191,10 +192,17 @@ inline void convert_cpu(std::int64_t n, const bf16* __restrict x, float* __restr
 
 }  // namespace detail
 
-/// y = op(x) elementwise, for an op functor of ops/functors.hpp. Output type: the input's.
-template <class Op, Element T, Device D>
-Tensor<T, D> map(const Tensor<T, D>& x, Op op = {}, const char* name = "map") {
+/// y = op(x) elementwise, for an op functor of ops/functors.hpp (or your own TG_HD functor). Out is the
+/// result element type: the input's by default (map<Op, double>(counts, op) gives doubles; only a
+/// same-type map is differentiable).
+template <class Op, class Out = void, Element T, Device D>
+auto map(const Tensor<T, D>& x, Op op = {}, const char* name = "map") {
   detail::check_defined(x, name);
+  if constexpr (!std::is_void_v<Out> && !std::is_same_v<Out, T>) {
+    Tensor<Out, D> y(x.shape());
+    detail::index_map<D>(y.size(), detail::UnaryFn<Op, T, Out>{x.data(), y.data(), op});
+    return y;
+  } else {
   Tensor<T, D> y(x.shape());
   detail::unary_forward<Op, T, D>(x.size(), x.data(), y.data(), op);
   if constexpr (FloatElement<T> && detail::UnaryDifferentiable<Op, compute_t<T>>) {
@@ -207,6 +215,7 @@ Tensor<T, D> map(const Tensor<T, D>& x, Op op = {}, const char* name = "map") {
     }
   }
   return y;
+  }
 }
 
 /// y = op(a, b) with NumPy broadcasting; Out is the result element type (uint8 for comparisons).
@@ -257,6 +266,13 @@ TG_UNARY_OP(rsqrt, Rsqrt)
 TG_UNARY_OP(abs, Abs)
 TG_UNARY_OP(neg, Neg)
 #undef TG_UNARY_OP
+
+/// x limited to [lo, hi] elementwise (jnp.clip with scalar bounds).
+template <FloatElement T, Device D>
+Tensor<T, D> clip(const Tensor<T, D>& x, double lo, double hi) {
+  TG_CHECK(lo <= hi, "clip", "needs lo <= hi, got [", lo, ", ", hi, "]");
+  return map(x, fn::Clip{lo, hi}, "clip");
+}
 
 /// x^p for a scalar exponent.
 template <FloatElement T, Device D>

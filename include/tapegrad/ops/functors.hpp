@@ -104,6 +104,15 @@ struct Silu {
     return dy * s * (C(1) + x * (C(1) - s));
   }
 };
+/// x limited to [lo, hi], as jnp.clip (NaN stays NaN). Derivative 1 inside, 0 outside and 1/2 on a bound,
+/// as JAX's minimum(maximum(x, lo), hi) splits ties.
+struct Clip {
+  double lo = 0.0, hi = 0.0;
+  template <class C> TG_HD C operator()(C x) const { return x < C(lo) ? C(lo) : (x > C(hi) ? C(hi) : x); }
+  template <class C> TG_HD C backward(C x, C, C dy) const {
+    return x > C(lo) && x < C(hi) ? dy : (x == C(lo) || x == C(hi) ? dy / C(2) : C(0));
+  }
+};
 struct Square {
   template <class C> TG_HD C operator()(C x) const { return x * x; }
   template <class C> TG_HD C backward(C x, C, C dy) const { return dy * C(2) * x; }
@@ -136,6 +145,13 @@ struct Add {
   template <class C> TG_HD C operator()(C a, C b) const { return a + b; }
   template <class C> TG_HD C backward_a(C, C, C, C dy) const { return dy; }
   template <class C> TG_HD C backward_b(C, C, C, C dy) const { return dy; }
+};
+/// a + alpha b (an axpy, in the compute type and rounded once): decayed weights and momentum in optim.
+struct AddScaled {
+  double alpha = 1.0;
+  template <class C> TG_HD C operator()(C a, C b) const { return a + C(alpha) * b; }
+  template <class C> TG_HD C backward_a(C, C, C, C dy) const { return dy; }
+  template <class C> TG_HD C backward_b(C, C, C, C dy) const { return C(alpha) * dy; }
 };
 struct Sub {
   template <class C> TG_HD C operator()(C a, C b) const { return a - b; }

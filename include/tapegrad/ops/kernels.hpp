@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/ops/functors.hpp"
 

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/backend/cpu/onednn.hpp"
 #include "tapegrad/backend/cuda/blaslt.hpp"
 #include "tapegrad/ops/elementwise.hpp"

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/reduce.hpp"

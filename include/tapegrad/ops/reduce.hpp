@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 
 namespace tg::inline TG_ABI {

@@ -1,6 +1,7 @@
 // The optimizers, literally as chains of atoms (optax/_src/alias.py): sgd, adam, adamw.
 #pragma once
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/optim/combine.hpp"
 #include "tapegrad/optim/transforms.hpp"
 

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
 namespace tg::inline TG_ABI::optim {
@@ -48,18 +49,15 @@ Tensor<std::int32_t, D> zero_count() {
   return zeros<std::int32_t, D>(Shape{});
 }
 
-/// count + 1, saturating at INT32_MAX (optax's safe_int32_increment); on the device.
-struct IncrementFn {
-  const std::int32_t* in;
-  std::int32_t* out;
-  TG_HD void operator()(std::int64_t) const { out[0] = in[0] < 2147483647 ? in[0] + 1 : in[0]; }
+/// c + 1, saturating at INT32_MAX (optax's safe_int32_increment).
+struct SafeIncrement {
+  template <class C> TG_HD C operator()(C c) const { return c < C(2147483647) ? c + C(1) : c; }
 };
 
+/// The next step count, on the device.
 template <Device D>
 Tensor<std::int32_t, D> increment(const Tensor<std::int32_t, D>& count) {
-  Tensor<std::int32_t, D> next(Shape{});
-  ::tg::detail::index_map<D>(1, IncrementFn{count.data(), next.data()});
-  return next;
+  return map(count, SafeIncrement{}, "increment");
 }
 
 }  // namespace detail

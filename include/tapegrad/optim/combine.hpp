@@ -4,6 +4,7 @@
 #include <tuple>
 #include <utility>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/optim/base.hpp"
 
 namespace tg::inline TG_ABI::optim {

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/optim/base.hpp"
 #include "tapegrad/optim/schedule.hpp"
 
@@ -43,12 +44,6 @@ TG_PYTREE(ScaleByScheduleState, count)
 
 namespace detail {
 
-using ::tg::detail::convert_from;
-using ::tg::detail::convert_to;
-
-template <class L> using leaf_value_t = typename std::remove_cvref_t<L>::value_type;
-template <class L> using leaf_device_t = typename std::remove_cvref_t<L>::device_type;
-
 /// Applies f to the floating leaves of a tree (others pass through), returning a tree of the same type.
 template <class F, class Tree, class... Rest>
 Tree map_float_leaves(F&& f, const Tree& tree, const Rest&... rest) {
@@ -58,6 +53,39 @@ Tree map_float_leaves(F&& f, const Tree& tree, const Rest&... rest) {
     else return leaf;
   }, tree, rest...);
 }
+
+/// f(leaf) computed in the leaf's compute type and rounded to its dtype once, as a fused kernel would
+/// (bf16 leaves go through f32; for f32 and f64 leaves the casts share storage and cost nothing).
+template <class F, class L>
+L in_compute_type(F&& f, const L& leaf) {
+  using T = typename L::value_type;
+  return cast<T>(f(cast<compute_t<T>>(leaf)));
+}
+
+/// Adam's arithmetic for one element, in Optax's order and roundings: the moments are updated in the
+/// compute type C and rounded to the moments' dtype T, then bias-corrected with the incremented count's
+/// corrections c1 = 1 - b1^count, c2 = 1 - b2^count, and the update m_hat / (sqrt(v_hat + eps_root) + eps)
+/// is returned in C. scale_by_adam's kernel and the fused AdamW (optim/update.hpp) both run this.
+template <class T>
+struct AdamMath {
+  using C = compute_t<T>;
+  C one_minus_b1, b1, one_minus_b2, b2, eps, eps_root;
+
+  AdamMath(double b1_, double b2_, double eps_, double eps_root_)
+      : one_minus_b1(C(1.0 - b1_)), b1(C(b1_)), one_minus_b2(C(1.0 - b2_)), b2(C(b2_)), eps(C(eps_)), eps_root(C(eps_root_)) {}
+
+  TG_HD C operator()(C g, T mu_in, T nu_in, C c1, C c2, T& mu, T& nu) const {
+    using ::tg::detail::convert_from;
+    using ::tg::detail::convert_to;
+    // optax.tree.update_moment: (1 - decay) g^order + decay t, in the moment's dtype.
+    mu = convert_to<T>(one_minus_b1 * g + b1 * convert_from<C>(mu_in));
+    nu = convert_to<T>(one_minus_b2 * (g * g) + b2 * convert_from<C>(nu_in));
+    const C m_hat = convert_from<C>(mu) / c1;
+    const C v_hat = convert_from<C>(nu) / c2;
+    // eps outside the square root, eps_root inside (Optax's defaults: 1e-8 and 0).
+    return m_hat / (math::sqrt(v_hat + eps_root) + eps);
+  }
+};
 
 /// The bias corrections 1 - b1^count and 1 - b2^count, computed once per update on the device (in the
 /// compute type, as Optax computes decay**count in the moments' dtype).
@@ -95,6 +123,7 @@ class BiasCorrections {
   std::tuple<Tensor<float, D>, Tensor<double, D>> values_;
 };
 
+/// scale_by_adam's kernel: one leaf's moments and update.
 template <class T>
 struct AdamFn {
   const T* g;
@@ -104,97 +133,20 @@ struct AdamFn {
   T* mu_out;
   T* nu_out;
   T* update;
-  double b1, b2, eps, eps_root;
+  AdamMath<T> adam;
   TG_HD void operator()(std::int64_t i) const {
     using C = compute_t<T>;
-    const C gv = convert_from<C>(g[i]);
-    // optax.tree.update_moment: (1 - decay) g^order + decay t, in the moment's dtype.
-    const T m = convert_to<T>(C(1.0 - b1) * gv + C(b1) * convert_from<C>(mu_in[i]));
-    const T v = convert_to<T>(C(1.0 - b2) * (gv * gv) + C(b2) * convert_from<C>(nu_in[i]));
-    // Bias correction t / (1 - decay^count) with the incremented count.
-    const C m_hat = convert_from<C>(m) / correction[0];
-    const C v_hat = convert_from<C>(v) / correction[1];
-    mu_out[i] = m;
-    nu_out[i] = v;
-    // eps outside the square root, eps_root inside (Optax's defaults: 1e-8 and 0).
-    update[i] = convert_to<T>(m_hat / (math::sqrt(v_hat + C(eps_root)) + C(eps)));
+    const C u = adam(::tg::detail::convert_from<C>(g[i]), mu_in[i], nu_in[i], correction[0], correction[1], mu_out[i], nu_out[i]);
+    update[i] = ::tg::detail::convert_to<T>(u);
   }
 };
 
-template <class T>
-struct DecayFn {
-  const T* g;
-  const T* p;
-  T* out;
-  double weight_decay;
-  TG_HD void operator()(std::int64_t i) const {
-    using C = compute_t<T>;
-    out[i] = convert_to<T>(convert_from<C>(g[i]) + C(weight_decay) * convert_from<C>(p[i]));
-  }
-};
-
-/// value[0] = schedule(count[0]), once, on the device.
+/// sign * schedule(count), as a double: the schedule evaluated on the device at the step count.
 template <class S>
-struct EvalScheduleFn {
+struct ScheduleAt {
   S schedule;
-  const std::int32_t* count;
   double sign;
-  double* value;
-  TG_HD void operator()(std::int64_t) const { value[0] = sign * schedule(static_cast<std::int64_t>(count[0])); }
-};
-
-template <class T>
-struct ScaleByDeviceScalarFn {
-  const T* g;
-  const double* step;
-  T* out;
-  TG_HD void operator()(std::int64_t i) const {
-    using C = compute_t<T>;
-    out[i] = convert_to<T>(C(step[0]) * convert_from<C>(g[i]));
-  }
-};
-
-template <class T>
-struct TraceFn {
-  const T* g;
-  const T* t_in;
-  T* t_out;
-  T* update;
-  double decay;
-  bool nesterov;
-  TG_HD void operator()(std::int64_t i) const {
-    using C = compute_t<T>;
-    const C gv = convert_from<C>(g[i]);
-    const T t = convert_to<T>(gv + C(decay) * convert_from<C>(t_in[i]));
-    t_out[i] = t;
-    update[i] = nesterov ? convert_to<T>(gv + C(decay) * convert_from<C>(t)) : t;
-  }
-};
-
-template <class T>
-struct ClipFn {
-  const T* g;
-  T* out;
-  double max_delta;
-  TG_HD void operator()(std::int64_t i) const {
-    using C = compute_t<T>;
-    const C v = convert_from<C>(g[i]), d = C(max_delta);
-    out[i] = convert_to<T>(v < -d ? -d : (v > d ? d : v));
-  }
-};
-
-template <class T>
-struct ClipByNormFn {
-  const T* g;
-  const float* norm;
-  T* out;
-  double max_norm;
-  TG_HD void operator()(std::int64_t i) const {
-    using C = compute_t<T>;
-    const C n = C(norm[0]);
-    // optax: select(norm < max_norm, t, (t / norm) * max_norm).
-    out[i] = norm[0] < static_cast<float>(max_norm) ? g[i] : convert_to<T>((convert_from<C>(g[i]) / n) * C(max_norm));
-  }
+  template <class C> TG_HD double operator()(C count) const { return sign * schedule(static_cast<std::int64_t>(count)); }
 };
 
 template <class Params>
@@ -203,16 +155,16 @@ using device_of = tree_device_t<Params>;
 /// Evaluates `schedule` (times sign) at the device-side count, into a 0-d double on the device.
 template <class S, Device D>
 Tensor<double, D> eval_schedule(const S& schedule, const Tensor<std::int32_t, D>& count, double sign) {
-  Tensor<double, D> v(Shape{});
-  ::tg::detail::index_map<D>(1, EvalScheduleFn<S>{schedule, count.data(), sign, v.data()});
-  return v;
+  return map<ScheduleAt<S>, double>(count, ScheduleAt<S>{schedule, sign}, "scale_by_schedule");
 }
 
+/// g * step for a 0-d double step on the device, in the leaf's compute type.
 template <class Leaf>
-Leaf scale_by_device_scalar(const Leaf& g, const Tensor<double, leaf_device_t<Leaf>>& step) {
-  Leaf out(g.shape());
-  ::tg::detail::index_map<leaf_device_t<Leaf>>(g.size(), ScaleByDeviceScalarFn<leaf_value_t<Leaf>>{g.data(), step.data(), out.data()});
-  return out;
+Leaf scale_by_device_scalar(const Leaf& g, const Tensor<double, typename Leaf::device_type>& step) {
+  return in_compute_type([&](const auto& gc) {
+    using C = typename std::remove_cvref_t<decltype(gc)>::value_type;
+    return mul(gc, cast<C>(step));
+  }, g);
 }
 
 /// Which leaves a mask selects: a predicate on the leaf path, or a pytree with the parameters' field
@@ -278,7 +230,7 @@ struct ScaleByAdam {
         const compute_t<T>* correction = corrections.template get<compute_t<T>>();
         L u(g.shape()), m(g.shape()), v(g.shape());
         ::tg::detail::index_map<typename L::device_type>(
-            g.size(), detail::AdamFn<T>{g.data(), mu0.data(), nu0.data(), correction, m.data(), v.data(), u.data(), b1, b2, eps, eps_root});
+            g.size(), detail::AdamFn<T>{g.data(), mu0.data(), nu0.data(), correction, m.data(), v.data(), u.data(), {b1, b2, eps, eps_root}});
         o = u, mu = m, nu = v;
       }
     }, out, next.mu, next.nu, updates, state.mu, state.nu);
@@ -315,16 +267,11 @@ struct AddDecayedWeights {
     if (weight_decay == 0.0) return {updates, {}};  // optax skips a zero constant
     const auto selected = detail::mask_predicate(mask);
     Params out = updates;
-    tree_for_each([&](const std::string& path, auto& o, const auto& g, const auto& p) {
-      using L = std::remove_cvref_t<decltype(o)>;
-      using T = typename L::value_type;
-      if constexpr (FloatElement<T>) {
-        if (!selected(path)) return;
-        L u(g.shape());
-        ::tg::detail::index_map<typename L::device_type>(g.size(), detail::DecayFn<T>{g.data(), p.data(), u.data(), weight_decay});
-        o = u;
+    tree_for_each([&](const std::string& path, auto& o, const auto& p) {
+      if constexpr (FloatElement<typename std::remove_cvref_t<decltype(o)>::value_type>) {
+        if (selected(path)) o = map2(o, p, fn::AddScaled{weight_decay}, "add_decayed_weights");  // g + wd p
       }
-    }, out, updates, params);
+    }, out, params);
     return {out, {}};
   }
 
@@ -387,18 +334,13 @@ struct Trace {
   }
   template <class Params>
   std::pair<Params, TraceState<Params>> update(const Params& updates, const TraceState<Params>& state, const Params&) const {
-    TraceState<Params> next{state.trace};
-    Params out = updates;
-    tree_for_each([&](const std::string&, auto& o, auto& t, const auto& g, const auto& t0) {
-      using L = std::remove_cvref_t<decltype(o)>;
-      using T = typename L::value_type;
-      if constexpr (FloatElement<T>) {
-        L u(g.shape()), tn(g.shape());
-        ::tg::detail::index_map<typename L::device_type>(g.size(), detail::TraceFn<T>{g.data(), t0.data(), tn.data(), u.data(), decay, nesterov});
-        o = u, t = tn;
-      }
-    }, out, next.trace, updates, state.trace);
-    return {out, next};
+    // trace = g + decay trace (rounded to the trace's dtype); the update is it, or g + decay trace.
+    const fn::AddScaled plus_decay{decay};
+    TraceState<Params> next{detail::map_float_leaves([&](const auto& g, const auto& t) { return map2(g, t, plus_decay, "trace"); },
+                                                     updates, state.trace)};
+    if (!nesterov) return {next.trace, next};
+    return {detail::map_float_leaves([&](const auto& g, const auto& t) { return map2(g, t, plus_decay, "trace"); }, updates, next.trace),
+            next};
   }
 };
 inline Trace trace(double decay, bool nesterov = false) {
@@ -412,13 +354,7 @@ struct Clip {
   template <class Params> EmptyState init(const Params&) const { return {}; }
   template <class Params>
   std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
-    return {detail::map_float_leaves([&](const auto& g) {
-              using L = std::remove_cvref_t<decltype(g)>;
-              L u(g.shape());
-              ::tg::detail::index_map<typename L::device_type>(g.size(), detail::ClipFn<typename L::value_type>{g.data(), u.data(), max_delta});
-              return u;
-            }, updates),
-            {}};
+    return {detail::map_float_leaves([&](const auto& g) { return clip(g, -max_delta, max_delta); }, updates), {}};
   }
 };
 inline Clip clip(double max_delta) {
@@ -432,12 +368,15 @@ struct ClipByGlobalNorm {
   template <class Params> EmptyState init(const Params&) const { return {}; }
   template <class Params>
   std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
-    const auto norm = global_norm(updates);
+    using D = tree_device_t<Params>;
+    const auto norm = global_norm(updates);  // float, on the device
+    // optax: select(norm < max_norm, t, (t / norm) * max_norm), in each leaf's compute type.
+    const auto below = less(norm, full<float, D>(Shape{}, static_cast<float>(max_norm)));
     return {detail::map_float_leaves([&](const auto& g) {
-              using L = std::remove_cvref_t<decltype(g)>;
-              L u(g.shape());
-              ::tg::detail::index_map<typename L::device_type>(g.size(), detail::ClipByNormFn<typename L::value_type>{g.data(), norm.data(), u.data(), max_norm});
-              return u;
+              return detail::in_compute_type([&](const auto& gc) {
+                using C = typename std::remove_cvref_t<decltype(gc)>::value_type;
+                return where(below, gc, mul(div(gc, cast<C>(norm)), max_norm));
+              }, g);
             }, updates),
             {}};
   }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/optim/alias.hpp"
 
 namespace tg::inline TG_ABI::optim {
@@ -47,14 +48,20 @@ struct AdamWLeaves {
   bool decay[capacity] = {};
 };
 
-/// One element of the fused AdamW: exactly the chained form's operations, in its order and roundings.
+template <class T>
+TG_HD T adamw_element(const AdamMath<T>& adam, T g, T p, T mu_in, T nu_in, compute_t<T> c1, compute_t<T> c2, bool decay,
+                      compute_t<T> wd, compute_t<T> scale, T& mu, T& nu);
+
+/// The fused AdamW over a batch of leaves: exactly the chained form's operations, in its order and
+/// roundings (Adam's arithmetic is AdamMath, which scale_by_adam runs too).
 template <class T>
 struct FusedAdamWFn {
   AdamWLeaves<T> leaves;
   const compute_t<T>* correction;  // {1 - b1^count, 1 - b2^count}
-  const double* step;         // -lr(count) when a schedule, else unused
+  const double* step;              // -lr(count) when a schedule, else unused
   bool scheduled;
-  double lr, b1, b2, eps, eps_root, weight_decay;
+  AdamMath<T> adam;
+  double lr, weight_decay;
   /// Element `flat` of the concatenated leaves (the CUDA kernel's view: one launch for all).
   TG_HD void operator()(std::int64_t flat) const {
     int lo = 0, hi = leaves.n - 1;
@@ -63,28 +70,31 @@ struct FusedAdamWFn {
       if (leaves.offset[mid] <= flat) lo = mid;
       else hi = mid - 1;
     }
-    apply(lo, flat - leaves.offset[lo]);
-  }
-
-  /// Element i of leaf k.
-  TG_HD void apply(int k, std::int64_t i) const {
+    const int k = lo;
+    const std::int64_t i = flat - leaves.offset[k];
     using C = compute_t<T>;
-    T u;
-    AdamFn<T>{leaves.g[k] + i, leaves.mu_in[k] + i, leaves.nu_in[k] + i, correction, leaves.mu_out[k] + i, leaves.nu_out[k] + i, &u,
-              b1, b2, eps, eps_root}(0);
-    if (leaves.decay[k] && weight_decay != 0.0) {
-      T d;
-      DecayFn<T>{&u, leaves.p[k] + i, &d, weight_decay}(0);
-      u = d;
-    }
-    // scale_by_learning_rate: Scale(-lr) multiplies as mul(g, -lr); a schedule as step * g.
-    leaves.update[k][i] = scheduled ? ::tg::detail::convert_to<T>(C(step[0]) * ::tg::detail::convert_from<C>(u))
-                                    : ::tg::detail::convert_to<T>(::tg::detail::convert_from<C>(u) * C(-lr));
+    leaves.update[k][i] = adamw_element(adam, leaves.g[k][i], leaves.p[k][i], leaves.mu_in[k][i], leaves.nu_in[k][i], correction[0],
+                                        correction[1], leaves.decay[k] && weight_decay != 0.0, C(weight_decay),
+                                        scheduled ? C(step[0]) : C(-lr), leaves.mu_out[k][i], leaves.nu_out[k][i]);
   }
 };
 
-/// Elements [0, n) of leaf k split among the threads of the enclosing parallel region: the same
-/// arithmetic as apply(), as a loop over restrict pointers the compiler vectorises (CPU).
+/// One element of the fused AdamW: scale_by_adam (AdamMath), add_decayed_weights where `decay`
+/// (u + wd p), then scale_by_learning_rate, u * scale with scale = -lr, or step = -lr(count) for a
+/// schedule (the chained form's mul(u, -lr) and step * u: a product is the same either way round).
+template <class T>
+TG_HD T adamw_element(const AdamMath<T>& adam, T g, T p, T mu_in, T nu_in, compute_t<T> c1, compute_t<T> c2, bool decay,
+                      compute_t<T> wd, compute_t<T> scale, T& mu, T& nu) {
+  using C = compute_t<T>;
+  using ::tg::detail::convert_from;
+  using ::tg::detail::convert_to;
+  T u = convert_to<T>(adam(convert_from<C>(g), mu_in, nu_in, c1, c2, mu, nu));
+  if (decay) u = convert_to<T>(convert_from<C>(u) + wd * convert_from<C>(p));
+  return convert_to<T>(convert_from<C>(u) * scale);
+}
+
+/// Elements [0, n) of leaf k split among the threads of the enclosing parallel region: adamw_element as
+/// a loop over restrict pointers and local constants, which the compiler vectorises (CPU).
 template <class T>
 void fused_adamw_cpu_leaf(const FusedAdamWFn<T>& f, int k) {
   using C = compute_t<T>;
@@ -97,25 +107,13 @@ void fused_adamw_cpu_leaf(const FusedAdamWFn<T>& f, int k) {
   T* __restrict mu_out = l.mu_out[k];
   T* __restrict nu_out = l.nu_out[k];
   T* __restrict update = l.update[k];
-  const C c1 = f.correction[0], c2 = f.correction[1];
-  const C one_minus_b1 = C(1.0 - f.b1), b1 = C(f.b1), one_minus_b2 = C(1.0 - f.b2), b2 = C(f.b2);
-  const C eps = C(f.eps), eps_root = C(f.eps_root), wd = C(f.weight_decay);
+  const AdamMath<T> adam = f.adam;
+  const C c1 = f.correction[0], c2 = f.correction[1], wd = C(f.weight_decay);
+  const C scale = f.scheduled ? C(f.step[0]) : C(-f.lr);
   const bool decay = l.decay[k] && f.weight_decay != 0.0;
-  const C step = f.scheduled ? C(f.step[0]) : C(0), minus_lr = C(-f.lr);
-  const bool scheduled = f.scheduled;
 #pragma omp for simd schedule(static) nowait
-  for (std::int64_t i = 0; i < n; ++i) {
-    const C gv = convert_from<C>(g[i]);
-    const T m = convert_to<T>(one_minus_b1 * gv + b1 * convert_from<C>(mu_in[i]));
-    const T v = convert_to<T>(one_minus_b2 * (gv * gv) + b2 * convert_from<C>(nu_in[i]));
-    mu_out[i] = m;
-    nu_out[i] = v;
-    const C m_hat = convert_from<C>(m) / c1;
-    const C v_hat = convert_from<C>(v) / c2;
-    T u = convert_to<T>(m_hat / (math::sqrt(v_hat + eps_root) + eps));
-    if (decay) u = convert_to<T>(convert_from<C>(u) + wd * convert_from<C>(p[i]));
-    update[i] = scheduled ? convert_to<T>(step * convert_from<C>(u)) : convert_to<T>(convert_from<C>(u) * minus_lr);
-  }
+  for (std::int64_t i = 0; i < n; ++i)
+    update[i] = adamw_element(adam, g[i], p[i], mu_in[i], nu_in[i], c1, c2, decay, wd, scale, mu_out[i], nu_out[i]);
 }
 
 template <class LR>
@@ -162,8 +160,8 @@ struct FusedAdamW {
       double lr = 0.0;
       if constexpr (!Schedule<LR>) lr = learning_rate;
       const compute_t<T>* correction = corrections.template get<compute_t<T>>();
-      const detail::FusedAdamWFn<T> fn{batch, correction, step.defined() ? step.data() : nullptr, Schedule<LR>, lr,
-                                       options.b1, options.b2, options.eps, options.eps_root, options.weight_decay};
+      const detail::FusedAdamWFn<T> fn{batch, correction, step.defined() ? step.data() : nullptr, Schedule<LR>,
+                                       {options.b1, options.b2, options.eps, options.eps_root}, lr, options.weight_decay};
       if constexpr (std::is_same_v<D, Cpu>) {
         // One parallel region over all leaves, each leaf's elements split among the threads: contiguous,
         // vectorisable loops and no per-leaf thread start-up.

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/bf16.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/random/threefry.hpp"

@@ -12,6 +12,7 @@
 #include <variant>
 #include <vector>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduce.hpp"
 
@@ -167,6 +168,17 @@ using tree_device_t = std::conditional_t<std::is_void_v<typename detail::leaf_de
 template <class F, class Tree, class... Rest>
 void tree_for_each(F&& f, Tree& tree, Rest&... rest) {
   detail::visit_leaves(f, std::string(), tree, rest...);
+}
+
+/// Calls f(index, path, leaf, leaves of rest...) for every tensor leaf, in order, with index counting the
+/// tensor leaves from 0; the bool leaves of masks are skipped. A tuple of trees is a tree: its leaves are
+/// numbered across the elements.
+template <class F, class Tree, class... Rest>
+void tree_for_each_tensor(F&& f, Tree& tree, Rest&... rest) {
+  std::size_t index = 0;
+  tree_for_each([&](const std::string& path, auto& leaf, auto&... others) {
+    if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) f(index++, path, leaf, others...);
+  }, tree, rest...);
 }
 
 /// A tree like `tree` whose leaves are f(leaf, leaves of rest...), as jax.tree.map. The trees must share

@@ -8,6 +8,8 @@
 // ~1e-40) fed a GEMM that ran 5x slower than with the same values flushed (docs/performance.md).
 #pragma once
 
+#include "tapegrad/config.hpp"
+
 #if defined(__SSE__) || defined(__x86_64__) || defined(_M_X64)
 #include <xmmintrin.h>
 #define TG_HAVE_MXCSR 1

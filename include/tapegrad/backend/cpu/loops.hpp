@@ -1,6 +1,8 @@
 // CPU loops: an OpenMP parallel loop over element indices that runs a TG_HD functor, and a parallel copy.
 #pragma once
 
+#include "tapegrad/config.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "tapegrad/config.hpp"
 #include "tapegrad/core/error.hpp"
 
 namespace tg::inline TG_ABI {
