@@ -203,18 +203,18 @@ auto map(const Tensor<T, D>& x, Op op = {}, const char* name = "map") {
     detail::index_map<D>(y.size(), detail::UnaryFn<Op, T, Out>{x.data(), y.data(), op});
     return y;
   } else {
-  Tensor<T, D> y(x.shape());
-  detail::unary_forward<Op, T, D>(x.size(), x.data(), y.data(), op);
-  if constexpr (FloatElement<T> && detail::UnaryDifferentiable<Op, compute_t<T>>) {
-    if (detail::recording(x)) {
-      detail::record(y, {x.trace()}, [in = x.trace(), x0 = x.untraced(), y0 = y.untraced(), op](detail::Tape& t, const Tensor<T, D>& dy) {
-        Tensor<T, D> dx(x0.shape());
-        detail::unary_backward<Op, T, D>(x0.size(), x0.data(), y0.data(), dy.data(), dx.data(), op);
-        t.accumulate(in, dx);
-      });
+    Tensor<T, D> y(x.shape());
+    detail::unary_forward<Op, T, D>(x.size(), x.data(), y.data(), op);
+    if constexpr (FloatElement<T> && detail::UnaryDifferentiable<Op, compute_t<T>>) {
+      if (detail::recording(x)) {
+        detail::record(y, {x.trace()}, [in = x.trace(), x0 = x.untraced(), y0 = y.untraced(), op](detail::Tape& t, const Tensor<T, D>& dy) {
+          Tensor<T, D> dx(x0.shape());
+          detail::unary_backward<Op, T, D>(x0.size(), x0.data(), y0.data(), dy.data(), dx.data(), op);
+          t.accumulate(in, dx);
+        });
+      }
     }
-  }
-  return y;
+    return y;
   }
 }
 
