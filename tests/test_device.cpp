@@ -59,3 +59,11 @@ TEST_CASE("FlushDenormals flushes subnormals in the pool's threads and restores 
   WARN("not x86: no subnormal flushing to test");
 #endif
 }
+
+TEST_CASE("running out of host memory is a tg::Error, and the process goes on", "[device][memory]") {
+  // 4 PiB: more than any machine's address space. (Under AddressSanitizer this needs
+  // allocator_may_return_null=1, which scripts/sanitize sets.)
+  CHECK_THROWS_WITH((tg::empty<float>({std::int64_t{1} << 50})),
+                    Contains("[cpu::allocate] out of memory allocating 4503599627370496 bytes"));
+  CHECK(tg::sum(tg::ones<float>({1000})).item() == 1000.0f);
+}

@@ -2,7 +2,10 @@
 // Built for the CPU, and by nvcc for CUDA (TG_TEST_CUDA), where the numbers are drawn on the GPU.
 #include "test_common.hpp"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -204,5 +207,28 @@ TEST_CASE("CUDA draws the same bits as the CPU", "[random][cuda]") {
   for (std::size_t i = 0; i < gpu.size(); ++i) CHECK(gpu[i] == Approx(cpu[i]).epsilon(1e-14).margin(1e-300));
   CHECK(rnd::uniform<float, tg::Cuda>(key, {4096}, -1.5, 2.0).to_vector() ==
         rnd::uniform<float, tg::Cpu>(key, {4096}, -1.5, 2.0).to_vector());
+}
+#endif
+
+#if !defined(TG_TEST_CUDA)
+TEST_CASE("test binaries find their golden files through the environment, beside the executable, or in the source tree", "[random][data]") {
+  namespace fs = std::filesystem;
+  const fs::path root = fs::temp_directory_path() / ("tg_test_data_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const fs::path env = root / "env", exe = root / "bin", compiled = root / "src";
+  for (const fs::path& d : {env, exe / "data", compiled}) {
+    fs::create_directories(d);
+    std::ofstream(d / "jax_random_golden.txt") << "# test\n";
+  }
+  using test_data::find;
+  CHECK(find(env.c_str(), exe.string(), compiled.string()) == env.string());             // the variable wins
+  CHECK(find(nullptr, exe.string(), compiled.string()) == (exe / "data").string());      // then beside the binary
+  CHECK(find("", exe.string(), compiled.string()) == (exe / "data").string());           // an empty variable is unset
+  fs::remove_all(exe / "data");
+  CHECK(find(nullptr, exe.string(), compiled.string()) == compiled.string());            // then the source tree
+  CHECK(find((root / "nowhere").c_str(), exe.string(), compiled.string()).empty());      // a wrong variable: no fallback
+  fs::remove_all(compiled);
+  CHECK(find(nullptr, exe.string(), compiled.string()).empty());
+  fs::remove_all(root);
 }
 #endif

@@ -34,6 +34,10 @@
 #else
 #define TG_ABI abi_cpu
 #endif
+#define TG_STRINGIFY_(x) #x
+#define TG_STRINGIFY(x) TG_STRINGIFY_(x)
+/// "abi_cpu" or "abi_cuda": messages that print type names leave it out ("tg::fn::Gelu").
+#define TG_ABI_NAME TG_STRINGIFY(TG_ABI)
 
 namespace tg::inline TG_ABI {
 

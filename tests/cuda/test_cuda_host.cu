@@ -129,3 +129,26 @@ TEST_CASE("cuBLASLt descriptors for every epilogue are set up without a GPU", "[
   CHECK(tg::detail::lt_problem<float>(dims, false, false, Epilogue::none).type == tg::cuda::LtType::tf32);
   tg::set_allow_tf32(false);
 }
+
+TEST_CASE("which cuBLASLt epilogues serve each dtype", "[matmul][cuda]") {
+  using tg::Activation;
+  using tg::cuda::Epilogue;
+  // Forward: bias, relu + bias when no pre-activation is kept, GELU + bias with aux (ld a multiple of 8).
+  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::none, true, 256) == Epilogue::bias);
+  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::relu, false, 256) == Epilogue::relu_bias);
+  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::relu, true, 256) == Epilogue::none);
+  CHECK(tg::detail::forward_epilogue<tg::bf16>(true, true, Activation::gelu, true, 256) == Epilogue::gelu_aux_bias);
+  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::gelu, true, 10) == Epilogue::none);
+  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::gelu_exact, true, 256) == Epilogue::none);
+  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::silu, false, 256) == Epilogue::none);
+  CHECK(tg::detail::forward_epilogue<float>(false, true, Activation::gelu, true, 256) == Epilogue::none);
+  // f64 never runs an epilogue: cuBLASLt's computed in single precision there (2e-6 relative on an H200).
+  for (Activation a : {Activation::none, Activation::relu, Activation::gelu})
+    CHECK(tg::detail::forward_epilogue<double>(true, true, a, false, 256) == Epilogue::none);
+  // Backward: DGELU_BGRAD only in bf16 (its f32 derivative was off by 5.6e-5 relative on an H200).
+  CHECK(tg::detail::backward_fusion<tg::bf16, tg::Cuda>(Activation::gelu, 256));
+  CHECK_FALSE(tg::detail::backward_fusion<tg::bf16, tg::Cuda>(Activation::gelu, 10));
+  CHECK_FALSE(tg::detail::backward_fusion<float, tg::Cuda>(Activation::gelu, 256));
+  CHECK_FALSE(tg::detail::backward_fusion<double, tg::Cuda>(Activation::gelu, 256));
+  CHECK_FALSE(tg::detail::backward_fusion<tg::bf16, tg::Cpu>(Activation::gelu, 256));
+}

@@ -31,7 +31,9 @@ class Storage {
       // aligned_alloc needs a size that is a multiple of the alignment; never ask for 0 bytes.
       const std::size_t padded = (bytes + cpu_alignment - 1) / cpu_alignment * cpu_alignment;
       data_ = std::aligned_alloc(cpu_alignment, padded == 0 ? cpu_alignment : padded);
-      if (data_ == nullptr) ::tg::detail::fail("cpu::allocate", "out of memory allocating ", bytes, " bytes");
+      if (data_ == nullptr)
+        ::tg::detail::fail("cpu::allocate", "out of memory allocating ", bytes, " bytes (", static_cast<double>(bytes) / (1 << 20),
+                           " MiB); use smaller batches or free tensors first");
     } else {
       cuda::require_device("cuda::allocate");
 #if defined(TG_WITH_CUDA)
@@ -88,8 +90,11 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
                                 : std::is_same_v<Dst, Cpu> ? cudaMemcpyDeviceToHost
                                                            : cudaMemcpyDeviceToDevice;
     TG_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, cuda::stream()));
-    // Host memory handed to us is pageable and may be freed as soon as we return.
-    if (kind != cudaMemcpyDeviceToDevice) cuda::synchronize();
+    // Host memory handed to us is pageable and may be freed as soon as we return, so both directions
+    // wait. A read back to the host also raises what kernels found in the data (cuda::synchronize); a
+    // transfer to the device leaves it for the next read, as it concerns earlier work (docs/cuda.md).
+    if (kind == cudaMemcpyDeviceToHost) cuda::synchronize();
+    else if (kind == cudaMemcpyHostToDevice) cuda::wait();
 #else
     cuda::require_device("copy");
 #endif

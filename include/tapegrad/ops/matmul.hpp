@@ -163,6 +163,33 @@ cuda::LtGemm lt_problem(const GemmDims& g, bool ta, bool tb, cuda::Epilogue e) {
   p.aux_ld = g.n;
   return p;
 }
+
+/// Whether cuBLASLt's epilogues serve T. Not double: on an H200 (CUDA 13.0) the f64 GELU / DGELU_BGRAD /
+/// BGRADA epilogues gave gradients accurate only to about 2e-6 relative (single precision) where plain
+/// 64F GEMMs and tapegrad's double kernels agree with the CPU to 1e-12. f64 is for gradient checks, so it
+/// takes the exact path: plain GEMMs, then bias, activation and bias gradient in tapegrad's kernels.
+template <class T>
+inline constexpr bool lt_epilogues = !std::is_same_v<T, double>;
+
+/// Whether the backward GEMM through a GELU layer may run cuBLASLt's DGELU_BGRAD epilogue: only for
+/// bf16. On an H200 its f32 derivative was off by up to 1.7e-5 absolute (5.6e-5 relative: 2 of 768
+/// elements outside 1e-5 + 1e-5 |x|), more than f32 rounding, so f32 and f64 run tapegrad's own GELU
+/// derivative (the CPU's functor); in bf16 that error is far below the output's rounding (2^-8 relative).
+template <class T>
+inline constexpr bool lt_dgelu_epilogue = std::is_same_v<T, bf16>;
+
+/// The epilogue the forward GEMM of linear() runs: bias, relu + bias (inference: relu needs no saved
+/// pre-activation), GELU + bias keeping the pre-activation in aux (its leading dimension must be a
+/// multiple of 8), or none (everything else runs unfused after the GEMM).
+template <class T>
+cuda::Epilogue forward_epilogue(bool fused, bool has_bias, Activation act, bool keep_pre, std::int64_t n) {
+  if (!lt_epilogues<T> || !fused || !has_bias) return cuda::Epilogue::none;
+  const LtFusion lt = activation_info(act).lt;
+  if (act == Activation::none) return cuda::Epilogue::bias;
+  if (lt == LtFusion::relu && !keep_pre) return cuda::Epilogue::relu_bias;
+  if (lt == LtFusion::gelu_tanh && n % 8 == 0) return cuda::Epilogue::gelu_aux_bias;
+  return cuda::Epilogue::none;
+}
 #endif
 
 /// Row-major GEMM on device D with an optional fused bias/activation; `pre` receives the pre-activation
@@ -188,16 +215,9 @@ Tensor<T, D> gemm(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb
 #if defined(TG_WITH_CUDA)
     Tensor<T, D> c(Shape{g.m, g.n});
     if (g.m == 0 || g.n == 0) return c;
-    cuda::Epilogue e = cuda::Epilogue::none;
-    if (fused && bias) {
-      const LtFusion lt = activation_info(act).lt;
-      e = act == Activation::none ? cuda::Epilogue::bias
-          : lt == LtFusion::relu && pre == nullptr ? cuda::Epilogue::relu_bias
-          : lt == LtFusion::gelu_tanh && g.n % 8 == 0 ? cuda::Epilogue::gelu_aux_bias  // aux ld: multiple of 8
-                                                      : cuda::Epilogue::none;
-    }
-    // cuBLASLt's GELU epilogue is the tanh form; activations it has no epilogue for and the cases above
-    // without one run unfused. The aux buffer of GELU_AUX_BIAS is the pre-activation backward needs.
+    // cuBLASLt's GELU epilogue is the tanh form; activations it has no epilogue for run unfused. The aux
+    // buffer of GELU_AUX_BIAS is the pre-activation backward needs.
+    const cuda::Epilogue e = forward_epilogue<T>(fused, bias != nullptr, act, pre != nullptr, g.n);
     Tensor<T, D> aux;
     if (e == cuda::Epilogue::gelu_aux_bias) aux = Tensor<T, D>(Shape{g.m, g.n});
     const bool done = g.k > 0 && cuda::Lt::instance().matmul(lt_problem<T>(g, ta, tb, e), b.data(), a.data(), c.data(),
@@ -237,14 +257,27 @@ struct LinearProducer {
   Tensor<T, D> dz, db;
 };
 
+/// Whether the input-gradient GEMM of a layer can also apply the previous layer's act' and reduce its
+/// bias gradient in the epilogue: cuBLASLt's DGELU_BGRAD, on CUDA, for GELU in bf16 (see
+/// lt_dgelu_epilogue). Elsewhere the previous layer applies act' itself and gets its bias gradient from
+/// its weight-gradient GEMM (matmul_bgrad): the same operations, so no fusion is lost.
+template <class T, class D>
+bool backward_fusion(Activation act, std::int64_t n) {
+#if defined(TG_WITH_CUDA)
+  if constexpr (std::is_same_v<D, Cuda>) return lt_dgelu_epilogue<T> && activation_info(act).lt == LtFusion::gelu_tanh && n % 8 == 0;
+#endif
+  (void)act, (void)n;
+  return false;
+}
+
 /// The input gradient dz @ w^T of a linear layer; fused into the producer of x when x is the output of
-/// a linear layer with an activation that nothing else consumed.
+/// a linear layer whose act' the GEMM's epilogue can apply (backward_fusion) and that nothing else consumed.
 template <class T, class D>
 void linear_input_gradient(Tape& t, const Trace& x, const Tensor<T, D>& dz, const Tensor<T, D>& w) {
   if (!t.owns(x)) return;
   auto* state = std::any_cast<std::shared_ptr<LinearProducer<T, D>>>(&t.state(x.node));
   LinearProducer<T, D>* producer = state ? state->get() : nullptr;
-  if (producer != nullptr && producer->act != Activation::none && t.uses(x.node) == 1 && fused_linear()) {
+  if (producer != nullptr && t.uses(x.node) == 1 && fused_linear() && backward_fusion<T, D>(producer->act, producer->z.dim(1))) {
     std::tie(producer->dz, producer->db) = matmul_dact_bgrad(dz, w, true, producer->z, producer->act);
     producer->pending = true;
     return;
@@ -330,7 +363,8 @@ Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T
 
 /// Backward through a layer's activation, fused into the GEMM that produces its input gradient:
 /// g = a @ op(b); returns {dz = g * act'(z), db = sum over rows of dz}. With a = dz of the next layer
-/// and b = its weight (transpose_b), this is cuBLASLt's DGELU_BGRAD.
+/// and b = its weight (transpose_b), this is cuBLASLt's DGELU_BGRAD on CUDA in bf16 (see
+/// lt_dgelu_epilogue); otherwise the GEMM, act' by tapegrad's functor, and a column sum.
 template <FloatElement T, Device D>
 std::pair<Tensor<T, D>, Tensor<T, D>> matmul_dact_bgrad(const Tensor<T, D>& a, const Tensor<T, D>& b, bool transpose_b,
                                                         const Tensor<T, D>& z, Activation act) {
@@ -338,7 +372,7 @@ std::pair<Tensor<T, D>, Tensor<T, D>> matmul_dact_bgrad(const Tensor<T, D>& a, c
   TG_CHECK(z.shape() == Shape({g.m, g.n}), "matmul_dact_bgrad", "pre-activation must have shape (", g.m, ", ", g.n,
            "), got ", z.shape().str());
 #if defined(TG_WITH_CUDA)
-  if constexpr (std::is_same_v<D, Cuda>) {
+  if constexpr (std::is_same_v<D, Cuda> && detail::lt_dgelu_epilogue<T>) {
     if (fused_linear() && activation_info(act).lt == LtFusion::gelu_tanh && g.n % 8 == 0 && g.k > 0 && g.m > 0) {
       Tensor<T, D> dz(Shape{g.m, g.n}), db(Shape{g.n});
       if (cuda::Lt::instance().matmul(detail::lt_problem<T>(g, false, transpose_b, cuda::Epilogue::dgelu_bgrad), b.data(),
@@ -352,12 +386,13 @@ std::pair<Tensor<T, D>, Tensor<T, D>> matmul_dact_bgrad(const Tensor<T, D>& a, c
 }
 
 /// The weight and bias gradients of a layer in one GEMM: {dw = x^T @ dz, db = sum over rows of dz}.
-/// On CUDA the bias gradient comes from the GEMM's epilogue (BGRADA in the row-major swap).
+/// On CUDA the bias gradient comes from the GEMM's epilogue (BGRADA in the row-major swap), except in
+/// f64 (see lt_epilogues).
 template <FloatElement T, Device D>
 std::pair<Tensor<T, D>, Tensor<T, D>> matmul_bgrad(const Tensor<T, D>& x, const Tensor<T, D>& dz) {
   [[maybe_unused]] const detail::GemmDims g = detail::gemm_dims(x, dz, true, false, "matmul_bgrad");
 #if defined(TG_WITH_CUDA)
-  if constexpr (std::is_same_v<D, Cuda>) {
+  if constexpr (std::is_same_v<D, Cuda> && detail::lt_epilogues<T>) {
     if (fused_linear() && g.k > 0 && g.m > 0 && g.n > 0) {
       // Row-major dw (in, out) = x^T dz; cuBLASLt sees dw^T = dz^T x with dz^T as its A operand, whose
       // sums over k (the batch) are the bias gradient.

@@ -22,12 +22,16 @@
 
 namespace tg::inline TG_ABI::cuda::detail {
 
-/// The readable name of a type (for messages about the functor a kernel ran).
+/// The readable name of a type (for messages about the functor a kernel ran), without tapegrad's ABI
+/// namespace: "tg::fn::Gelu", as the user writes it.
 template <class T>
 std::string type_name() {
   int status = 0;
   std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(typeid(T).name(), nullptr, nullptr, &status), std::free);
-  return status == 0 && name ? name.get() : typeid(T).name();
+  std::string s = status == 0 && name ? name.get() : typeid(T).name();
+  const std::string abi = TG_ABI_NAME "::";
+  for (std::size_t at = s.find(abi); at != std::string::npos; at = s.find(abi, at)) s.erase(at, abi.size());
+  return s;
 }
 
 /// A failed kernel launch: the kernel, the functor (which names the op), the size and the launch shape.

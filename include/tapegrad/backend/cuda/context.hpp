@@ -84,9 +84,15 @@ inline void raise_device_error() {
                      ") (found on the device, reported at the next synchronisation)");
 }
 
-/// Waits until all tapegrad work queued on the current device has finished; raises errors kernels found.
+/// Waits until all tapegrad work queued on the current device has finished, without raising what kernels
+/// found in the data (a transfer to the device waits so the caller may free its host buffer).
+inline void wait() { TG_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+/// Waits until all tapegrad work queued on the current device has finished, then raises, once, the first
+/// error a kernel found in the data since the last raise (a label out of range): see docs/cuda.md.
+/// Host reads (item, to_vector, at, printing, a copy to the CPU) do the same.
 inline void synchronize() {
-  TG_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  wait();
   raise_device_error();
 }
 
