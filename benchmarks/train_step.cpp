@@ -1,6 +1,7 @@
 // train_step: examples/sec of the codelab's training step (784-256-128-10 GELU MLP, softmax
-// cross-entropy, fused AdamW 3e-3 / 1e-4) on the available device: eager f32, compiled f32 (tg::compile)
-// and compiled bf16 compute (f32 parameters), against the "GEMM floor": the same step's 8 GEMMs alone,
+// cross-entropy, AdamW 3e-3 / 1e-4) on the available device: eager f32, compiled f32 (tg::compile),
+// compiled bf16 compute (f32 parameters), and the codelab's loop as users write it (value_and_grad with
+// has_aux, adamw, compile, metrics read every 25 steps, eight batches in turn), against the "GEMM floor": the same step's 8 GEMMs alone,
 // called straight through oneDNN (CPU) or cuBLASLt (CUDA) in the same process. Prints medians and
 // min-max over several runs after warm-up (each run ends with the device synchronised), the ratios to the
 // floor, peak memory, and writes JSON. The modes' runs are interleaved. Built by g++ as bench_train_step and by nvcc as
@@ -70,7 +71,8 @@ Tensor loss(const Mlp<float>& p, const Tensor& x, const Labels& y) {
   return tg::mean(tg::softmax_cross_entropy_with_integer_labels(logits, y));
 }
 
-const auto optimizer = tg::optim::fused_adamw(3e-3, {.weight_decay = 1e-4});
+// Optax's adamw as users write it: chain() runs its atoms as one fused pass.
+const auto optimizer = tg::optim::adamw(3e-3, {.weight_decay = 1e-4});
 using OptState = decltype(optimizer.init(std::declval<Mlp<float>>()));
 
 /// One training step: gradients, AdamW, new parameters; the loss stays on the device.
@@ -79,6 +81,26 @@ std::tuple<Mlp<float>, OptState, Tensor> train_step(const Mlp<float>& params, co
   auto [value, grads] = tg::value_and_grad(loss<C>)(params, x, y);
   auto [updates, next] = optimizer.update(grads, state, params);
   return {tg::optim::apply_updates(params, updates), next, value};
+}
+
+/// The codelab's step as its JAX code writes it, with the public API: the loss with the batch accuracy as
+/// aux (value_and_grad with has_aux), adamw, apply_updates; the metrics stay on the device.
+struct Metrics {
+  Tensor loss, accuracy;
+};
+TG_PYTREE(Metrics, loss, accuracy)
+
+std::pair<Tensor, Tensor> loss_with_accuracy(const Mlp<float>& p, const Tensor& x, const Labels& y) {
+  const auto h1 = tg::linear(x, p.w1, p.b1, tg::Activation::gelu);
+  const auto h2 = tg::linear(h1, p.w2, p.b2, tg::Activation::gelu);
+  const auto logits = tg::linear(h2, p.w3, p.b3);
+  return {tg::mean(tg::softmax_cross_entropy_with_integer_labels(logits, y)), tg::accuracy(logits, y)};
+}
+
+std::tuple<Mlp<float>, OptState, Metrics> codelab_step(const Mlp<float>& params, const OptState& state, const Tensor& x, const Labels& y) {
+  auto [out, grads] = tg::value_and_grad(loss_with_accuracy, tg::has_aux)(params, x, y);
+  auto [updates, next] = optimizer.update(grads, state, params);
+  return {tg::optim::apply_updates(params, updates), next, Metrics{out.first, out.second}};
 }
 
 void synchronize() {
@@ -236,6 +258,27 @@ std::function<Tensor()> compiled(Mlp<float> params, const Tensor& x, const Label
   };
 }
 
+/// The codelab's AdamW loop: the compiled codelab_step over the batches in turn, its metrics read on the
+/// host every 25 steps (as the codelab logs them), which also synchronises.
+std::function<Tensor()> codelab_loop(Mlp<float> params, const std::vector<Tensor>& xs, const std::vector<Labels>& ys) {
+  struct Loop {
+    Mlp<float> params;
+    OptState state;
+    tg::Compiled<decltype(&codelab_step)> step = tg::compile(&codelab_step);
+    std::size_t i = 0;
+    double logged = 0;
+  };
+  auto loop = std::make_shared<Loop>(Loop{params, optimizer.init(params)});
+  return [loop, xs, ys]() {
+    Loop& l = *loop;
+    const std::size_t b = l.i % xs.size();
+    auto [p, s, metrics] = l.step(std::move(l.params), std::move(l.state), xs[b], ys[b]);
+    l.params = std::move(p), l.state = std::move(s);
+    if (++l.i % 25 == 0) l.logged += metrics.loss.item() + metrics.accuracy.item();
+    return metrics.loss;
+  };
+}
+
 std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes) {
   const auto x = tg::random::uniform<float, Dev>(tg::random::key(2), {s.batch, s.in});
   std::vector<std::int32_t> labels(static_cast<std::size_t>(s.batch));
@@ -247,6 +290,16 @@ std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes) 
   if (all_modes) modes.push_back({"eager f32", eager<float>(init(s), x, y)});
   modes.push_back({"compiled f32", compiled<float>(init(s), x, y)});
   if (all_modes) modes.push_back({"compiled bf16 compute", compiled<tg::bf16>(init(s), x, y)});
+  if (all_modes) {
+    // Eight batches in turn, as a training loop feeds them (the other modes repeat one batch).
+    std::vector<Tensor> xs;
+    std::vector<Labels> ys;
+    for (int b = 0; b < 8; ++b) {
+      xs.push_back(tg::random::uniform<float, Dev>(tg::random::key(100 + b), {s.batch, s.in}));
+      ys.push_back(y);
+    }
+    modes.push_back({"codelab loop f32", codelab_loop(init(s), xs, ys)});
+  }
   const std::vector<Stats> stats = measure(modes, s.batch, runs, steps);
   std::vector<Row> rows;
   for (std::size_t m = 0; m < modes.size(); ++m) rows.push_back({modes[m].name, s, threads, stats[m], stats[m].median / stats[0].median});
@@ -303,7 +356,7 @@ int main(int argc, char** argv) {
               dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch, omp_get_max_threads(),
               keep_denormals ? "kept (IEEE)" : "flushed to zero");
 #endif
-  std::printf("step: 784-%lld-%lld-10 GELU MLP, softmax cross-entropy, fused adamw(3e-3, wd 1e-4); median of %d runs x %d steps\n",
+  std::printf("step: 784-%lld-%lld-10 GELU MLP, softmax cross-entropy, adamw(3e-3, wd 1e-4) (chain, run fused); median of %d runs x %d steps\n",
               static_cast<long long>(sizes.h1), static_cast<long long>(sizes.h2), runs, steps);
   std::vector<Row> all = run_modes(sizes, runs, steps, true);
   print(all);

@@ -286,7 +286,8 @@ TEST_CASE("masks skip weight decay where they say", "[optim][mask]") {
   CHECK(u1.a.to_vector() != u_plain.a.to_vector());
 }
 
-TEST_CASE("fused AdamW equals the chained form bit for bit", "[optim][fused]") {
+TEST_CASE("adamw's atoms run fused in chain(), equal to running them one by one bit for bit", "[optim][fused]") {
+  // `chained` runs atom by atom (set_fused_chains(false)), `fused` as chain() runs adamw's atoms by default.
   auto compare = [](auto chained, auto fused, auto params) {
     auto s1 = chained.init(params);
     auto s2 = fused.init(params);
@@ -295,7 +296,9 @@ TEST_CASE("fused AdamW equals the chained form bit for bit", "[optim][fused]") {
     for (int t = 0; t < 10; ++t) {
       const auto g = tg::tree_map([&](const auto& x) { return x * 0.3 + rnd::normal<typename std::remove_cvref_t<decltype(x)>::value_type, D>(
                                                                               rnd::key(t), x.shape()); }, p1);
+      opt::set_fused_chains(false);
       auto [u1, n1] = chained.update(g, s1, p1);
+      opt::set_fused_chains(true);
       auto [u2, n2] = fused.update(g, s2, p2);
       s1 = n1, s2 = n2;
       p1 = opt::apply_updates(p1, u1);
@@ -313,6 +316,45 @@ TEST_CASE("fused AdamW equals the chained form bit for bit", "[optim][fused]") {
           random_w<float>(3));
   compare(opt::adamw(1e-3), opt::fused_adamw(1e-3), random_w<double>(4));
   compare(opt::adamw(1e-3), opt::fused_adamw(1e-3), W<tg::bf16, D>{tg::cast<tg::bf16>(random_w<float>(5).a), tg::cast<tg::bf16>(random_w<float>(5).b)});
+  // The atoms written out by hand are recognised too.
+  compare(opt::chain(opt::scale_by_adam(), opt::add_decayed_weights(1e-2), opt::scale_by_learning_rate(1e-3)), opt::adamw(1e-3, {.weight_decay = 1e-2}),
+          random_w<float>(6));
+}
+
+TEST_CASE("chain() runs adamw's atoms as one pass: three kernels instead of three per leaf", "[optim][fused]") {
+  // Counted as compile() counts them: the CPU kernels a step records.
+  const auto params = random_w<float>(7);
+  const auto optimizer = opt::adamw(3e-3);
+  const auto state = optimizer.init(params);
+  auto kernels = [&](bool fused) {
+    opt::set_fused_chains(fused);
+    tg::detail::Recorder recorder;
+    {
+      tg::detail::ActiveRecorder active(recorder);
+      (void)optimizer.update(params, state, params);
+    }
+    opt::set_fused_chains(true);
+    return recorder.cpu_kernels.size();
+  };
+  if constexpr (std::is_same_v<D, tg::Cpu>) {
+    CHECK(kernels(true) == 3);  // count + 1, the bias corrections, the fused pass over both leaves
+    CHECK(kernels(false) == 2 + 3 * 2);  // count + 1, corrections, then adam, decay and scale per leaf
+  }
+  // apply_updates of fresh fused updates: the pass already computed params + updates (no kernel), the
+  // same bits as adding; for other parameters, or updates not from the pass, it adds.
+  const auto [updates, next] = optimizer.update(params, state, params);
+  tg::detail::Recorder recorder;
+  W<float, D> applied;
+  {
+    tg::detail::ActiveRecorder active(recorder);
+    applied = opt::apply_updates(params, updates);
+  }
+  CHECK(recorder.cpu_kernels.empty());
+  CHECK(tg::tree_all_close(applied, tg::tree_map([](const auto& p, const auto& u) { return p + u; }, params, updates), 0.0, 0.0));
+  CHECK(opt::apply_updates(params, updates).a.data() != applied.a.data());  // taken once; a second call adds
+  const auto other = random_w<float>(8);
+  CHECK(tg::tree_all_close(opt::apply_updates(other, updates), tg::tree_map([](const auto& p, const auto& u) { return p + u; }, other, updates),
+                           0.0, 0.0));
 }
 
 TEST_CASE("adamw(3e-3, weight_decay=1e-4) matches a hand-written double AdamW over 100 steps", "[optim][adamw]") {

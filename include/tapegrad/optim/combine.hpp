@@ -1,4 +1,5 @@
 // chain(a, b, ...): transformations applied in order; the state is a std::tuple of theirs (no virtual calls).
+// A chain of adamw's atoms runs them as one fused pass (optim/fused.hpp).
 #pragma once
 
 #include <tuple>
@@ -6,6 +7,7 @@
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/optim/base.hpp"
+#include "tapegrad/optim/fused.hpp"
 
 namespace tg::inline TG_ABI::optim {
 
@@ -22,6 +24,12 @@ struct Chain {
   template <class Params>
   std::pair<Params, std::tuple<state_t<G, Params>...>> update(const Params& updates, const std::tuple<state_t<G, Params>...>& state,
                                                                const Params& params) const {
+    // adamw's atoms run as one fused pass (optim/fused.hpp): the same state and the same bits.
+    if constexpr (detail::adamw_atoms<G...>) {
+      if (fused_chains())
+        return detail::fused_adamw_update(std::get<0>(transforms), std::get<1>(transforms), std::get<2>(transforms), updates, state,
+                                          params);
+    }
     std::tuple<state_t<G, Params>...> next;
     Params u = updates;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
