@@ -1,0 +1,35 @@
+# The usage requirements of tapegrad's optional targets, in one place for both ways of getting them: the
+# build tree (CMakeLists.txt: tapegrad_cuda, tapegrad_dist, tapegrad_dist_cuda behind the tapegrad::
+# aliases) and the installed package (tapegradConfig.cmake: imported tapegrad::cuda, tapegrad::dist,
+# tapegrad::dist_cuda, created on the consumer's machine when what they need is found there). The
+# headers are the same with and without CUDA or MPI, so only these requirements differ.
+
+# tapegrad::cuda: the CUDA runtime, cuBLAS and cuBLASLt, and TG_WITH_CUDA for the headers.
+function(_tapegrad_cuda_usage target tapegrad_target)
+  target_link_libraries(${target} INTERFACE ${tapegrad_target} CUDA::cudart CUDA::cublas CUDA::cublasLt)
+  target_compile_definitions(${target} INTERFACE TG_WITH_CUDA=1)
+  # C++20 for .cu files (CMake 3.25 has no cuda_std_20 feature entry for nvcc 13), and OpenMP for the
+  # host loops in them: nvcc passes host flags through -Xcompiler.
+  target_compile_options(${target} INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 -Xcompiler=-fopenmp -Xcompiler=-fno-math-errno>)
+endfunction()
+
+# tapegrad::dist: data parallelism over MPI (CPU tensors).
+function(_tapegrad_dist_usage target tapegrad_target)
+  target_link_libraries(${target} INTERFACE ${tapegrad_target} MPI::MPI_CXX)
+  target_compile_definitions(${target} INTERFACE TG_WITH_DIST=1)
+endfunction()
+
+# NCCL ships with the CUDA toolkit here (nccl.h, libnccl.so); elsewhere it is NVIDIA's libnccl-dev. Sets
+# the cache variables NCCL_INCLUDE_DIR and NCCL_LIBRARY (a user may set them), *-NOTFOUND when missing.
+# Call after find_package(CUDAToolkit).
+macro(_tapegrad_find_nccl)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+endmacro()
+
+# tapegrad::dist_cuda: tapegrad::cuda, MPI and NCCL (CUDA tensors across ranks).
+function(_tapegrad_dist_cuda_usage target cuda_target)
+  target_include_directories(${target} INTERFACE ${NCCL_INCLUDE_DIR})
+  target_link_libraries(${target} INTERFACE ${cuda_target} MPI::MPI_CXX ${NCCL_LIBRARY})
+  target_compile_definitions(${target} INTERFACE TG_WITH_DIST=1)
+endfunction()
