@@ -10,6 +10,7 @@
 #include "tapegrad/core/storage.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/backend/cpu/denormals.hpp"
+#include "tapegrad/random/numpy.hpp"
 #include "tapegrad/random/random.hpp"
 #include "tapegrad/random/threefry.hpp"
 #include "tapegrad/ops/elementwise.hpp"
