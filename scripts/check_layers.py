@@ -32,7 +32,7 @@ LAYERS = [
     ("data", ["data/*.hpp"]),
     ("io", ["io/*.hpp"]),
     ("dist", ["dist/*.hpp"]),
-    ("umbrella", ["tapegrad.hpp"]),
+    ("umbrella", ["tapegrad.hpp", "build_info.hpp"]),
 ]
 OPS = [name for name, _ in LAYERS].index("ops")
 UMBRELLA = len(LAYERS) - 1

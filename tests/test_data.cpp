@@ -157,6 +157,23 @@ TEST_CASE("fixed_batches scales, shuffles in permutation order, trims the tail a
   }
   CHECK_THROWS_WITH(tg::data::fixed_batches<tg::Cpu>(images, labels, 5, 10, key, 0, 2), Contains("batch size 5 does not split into 2 equal shards"));
 
+  // A given order (NumPy's, as the codelab shuffles): the batches take the examples in exactly that order.
+  const auto numpy_order = tg::random::numpy::default_rng(0).permutation(n);
+  const auto by_numpy = tg::data::fixed_batches<tg::Cpu>(images, labels, 5, 10, std::span<const std::int64_t>(numpy_order));
+  REQUIRE(by_numpy.size() == 4);
+  for (std::int64_t b = 0; b < 4; ++b)
+    for (std::int64_t r = 0; r < 5; ++r) {
+      const auto src = numpy_order[static_cast<std::size_t>(b * 5 + r)];
+      CHECK(by_numpy[static_cast<std::size_t>(b)].y.at({r}) == src % 10);
+      CHECK(by_numpy[static_cast<std::size_t>(b)].x.at({r, 4}) == static_cast<float>(px[static_cast<std::size_t>(src * 6 + 4)]) / 255.0f);
+    }
+  std::vector<std::int64_t> bad_order(numpy_order.begin(), numpy_order.end());
+  bad_order[3] = bad_order[4];
+  CHECK_THROWS_WITH(tg::data::fixed_batches<tg::Cpu>(images, labels, 5, 10, std::span<const std::int64_t>(bad_order)),
+                    Contains("[fixed_batches] the order is not a permutation of [0, 23): index " + std::to_string(bad_order[4]) + " appears twice"));
+  CHECK_THROWS_WITH(tg::data::fixed_batches<tg::Cpu>(images, labels, 5, 10, std::span<const std::int64_t>(bad_order.data(), 20)),
+                    Contains("an order of 20 indices for 23 examples"));
+
   lab[17] = 10;
   CHECK_THROWS_WITH(tg::data::fixed_batches<tg::Cpu>(images, tg::from_vector(lab, {n}), 5, 10),
                     Contains("[fixed_batches] label 10 of example 17 is outside [0, 10)"));

@@ -67,3 +67,16 @@ TEST_CASE("running out of host memory is a tg::Error, and the process goes on", 
                     Contains("[cpu::allocate] out of memory allocating 4503599627370496 bytes"));
   CHECK(tg::sum(tg::ones<float>({1000})).item() == 1000.0f);
 }
+
+TEST_CASE("build_info names the versions and the devices", "[device]") {
+  const tg::BuildInfo info = tg::build_info();
+  CHECK(info.tapegrad == tg::version);
+  CHECK(info.onednn.find('.') != std::string::npos);
+  CHECK(info.cpu_threads >= 1);
+  CHECK(info.cuda_devices == tg::cuda::describe_devices());
+#if !defined(TG_WITH_CUDA)
+  CHECK_THAT(info.cuda_runtime, Contains("not in this build"));
+#endif
+  CHECK(info.rows().size() == 7);
+  CHECK(info.rows().front() == std::pair<std::string, std::string>{"tapegrad", tg::version});
+}

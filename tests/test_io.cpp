@@ -102,6 +102,23 @@ TG_PYTREE(Pair, a, b)
 
 }  // namespace
 
+TEST_CASE("write_file_atomically replaces a file whole and names the path when it cannot", "[io]") {
+  const fs::path dir = fs::temp_directory_path() / ("tg_atomic_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "out.txt").string();
+  tg::io::write_file_atomically(path, std::string_view("first version"));
+  tg::io::write_file_atomically(path, std::string_view("second"));
+  const auto bytes = file_bytes(path);
+  CHECK(std::string(bytes.begin(), bytes.end()) == "second");
+  CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 1);  // no temporary file left
+  const std::vector<std::uint8_t> raw{0, 1, 2, 255};
+  tg::io::write_file_atomically(path, std::span<const std::uint8_t>(raw));
+  CHECK(file_bytes(path) == raw);
+  CHECK_THROWS_WITH(tg::io::write_file_atomically((dir / "missing" / "x.txt").string(), std::string_view("x")),
+                    Contains("[write_file_atomically] " + (dir / "missing" / "x.txt").string() + ": cannot create"));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("load_safetensors round-trips every dtype and leaves the tree unchanged on any error", "[io]") {
   const fs::path dir = fs::temp_directory_path() / ("tapegrad_test_io_load_" + std::to_string(::getpid()));
   fs::create_directories(dir);

@@ -10,10 +10,15 @@
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
@@ -27,6 +32,7 @@
 #include <tapegrad/dist/dist.hpp>
 #endif
 
+#include "codelab.hpp"
 #include "dataset.hpp"
 #include "report.hpp"
 
@@ -39,9 +45,11 @@ struct Config {
   int steps = 400;
   std::int64_t batch = 512;
   std::vector<std::int64_t> hidden{256, 128};
-  double lr = 3e-3, weight_decay = 1e-4, sgd_lr = 0.1;
+  double lr = 3e-3, weight_decay = 1e-4, sgd_lr = 3e-3;
   int log_every = 25;
   std::uint32_t seed = 0;
+  std::string order = "numpy";  // the training set's shuffle: NumPy's default_rng(seed) (the codelab's) or jax.random
+  std::string codelab_golden = FM_CODELAB_GOLDEN;
   std::string dtype = "f32";
   std::string device = "auto";
   std::string data_dir, out = "fashion_mnist_out", save, resume;
@@ -51,11 +59,9 @@ struct Config {
   double tokens_per_example = 784;
 };
 
-template <class T, class D>
-struct Mlp {
-  tg::Tensor<T, D> w1, b1, w2, b2, w3, b3;
-};
-TG_PYTREE(Mlp, w1, b1, w2, b2, w3, b3)
+using codelab::Metrics;
+template <class D>
+using Mlp = codelab::Mlp<D>;
 
 /// What --save writes and --resume reads: parameters and optimizer state (the step is in the metadata).
 template <class P, class S>
@@ -65,53 +71,10 @@ struct TrainState {
 };
 TG_PYTREE(TrainState, params, opt_state)
 
-template <class D>
-struct Metrics {
-  tg::Tensor<float, D> loss, accuracy, grad_norm;
-  Mlp<float, D> grad_flags;  // tg::nonfinite_flags of the gradients under --check-numerics, else zeros
+/// The training loss went NaN or infinite: the run stops at the first logged step that shows it.
+struct Diverged : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
-TG_PYTREE(Metrics, loss, accuracy, grad_norm, grad_flags)
-
-/// He-normal weights from key(1) (split in three, one per layer, as the codelab's JAX code), zero biases.
-template <class D>
-Mlp<float, D> init_params(const Config& c) {
-  const auto k = tg::random::split(tg::random::key(1), 3);
-  auto he = [](tg::random::Key key, std::int64_t fan_in, std::int64_t fan_out) {
-    return tg::random::normal<float, D>(key, {fan_in, fan_out}) * static_cast<float>(std::sqrt(2.0 / static_cast<double>(fan_in)));
-  };
-  const std::int64_t h1 = c.hidden[0], h2 = c.hidden[1];
-  return {he(k[0], 784, h1), tg::zeros<float, D>({h1}), he(k[1], h1, h2), tg::zeros<float, D>({h2}), he(k[2], h2, 10),
-          tg::zeros<float, D>({10})};
-}
-
-/// Logits (B, 10) in f32, the layers computed in C (f32 parameters cast per step: mixed precision).
-template <class C, class D>
-tg::Tensor<float, D> logits_of(const Mlp<float, D>& p, const tg::Tensor<float, D>& x) {
-  const auto h1 = tg::linear(tg::cast<C>(x), tg::cast<C>(p.w1), tg::cast<C>(p.b1), tg::Activation::gelu);
-  const auto h2 = tg::linear(h1, tg::cast<C>(p.w2), tg::cast<C>(p.b2), tg::Activation::gelu);
-  return tg::cast<float>(tg::linear(h2, tg::cast<C>(p.w3), tg::cast<C>(p.b3)));
-}
-
-/// Mean cross-entropy, with the batch accuracy as aux (not differentiated).
-template <class C, class D>
-std::pair<tg::Tensor<float, D>, tg::Tensor<float, D>> loss_with_accuracy(const Mlp<float, D>& p, const tg::Tensor<float, D>& x,
-                                                                         const tg::Tensor<std::int32_t, D>& y) {
-  const auto logits = logits_of<C>(p, x);
-  return {tg::mean(tg::softmax_cross_entropy_with_integer_labels(logits, y)), tg::accuracy(logits, y)};
-}
-
-template <class D>
-tg::Tensor<float, D> loss_only(const Mlp<float, D>& p, const tg::Tensor<float, D>& x, const tg::Tensor<std::int32_t, D>& y) {
-  return loss_with_accuracy<float>(p, x, y).first;
-}
-
-/// The hand-written step: pure SGD, new parameters out (no optimizer library).
-template <class D>
-std::tuple<Mlp<float, D>, tg::Tensor<float, D>> sgd_step(const Mlp<float, D>& p, const tg::Tensor<float, D>& x,
-                                                         const tg::Tensor<std::int32_t, D>& y, float lr) {
-  auto [value, grads] = tg::value_and_grad(loss_only<D>)(p, x, y);
-  return {tg::tree_map([lr](const auto& w, const auto& g) { return w - g * lr; }, p, grads), value};
-}
 
 using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
@@ -132,9 +95,60 @@ struct Outputs {
   std::function<void(const std::string&)> save_params, save_checkpoint;
 };
 
+/// The side-by-side table: the codelab's numbers (tests/data/codelab_golden.json) and this run's, with
+/// their differences. Equal to f32 rounding before any training; after training they differ in the last
+/// digits (f32 summation order in the GEMMs and reductions, oneDNN's vs XLA's kernels, GELU's and exp's
+/// implementations), which AdamW's 401 steps carry into the third or fourth digit of the test metrics.
+template <class Show, class Say>
+void beside_the_codelab(const Config& c, json& metrics, Show&& show, Say&& say) {
+  std::ifstream in(c.codelab_golden);
+  if (!in) {
+    say("The codelab's numbers are not here (" + c.codelab_golden + "; --codelab-golden): no comparison.");
+    return;
+  }
+  const json golden = json::parse(in);
+  const bool codelab_run = c.steps == 400 && c.batch == 512 && c.hidden == std::vector<std::int64_t>{256, 128} && c.lr == 3e-3 &&
+                           c.weight_decay == 1e-4 && c.sgd_lr == 3e-3 && c.seed == 0 && c.order == "numpy" && c.dtype == "f32" &&
+                           c.ranks == 1 && c.resume.empty();
+  fm::Table t{"the codelab (JAX " + golden.value("jax", std::string("?")) + ", Optax " + golden.value("optax", std::string("?")) +
+                  ") and this run",
+              {"number", "codelab", "tapegrad", "difference", "relative"}, {}};
+  json rows = json::array();
+  auto row = [&](const std::string& what, double theirs, const json& ours_json) {
+    if (!ours_json.is_number()) return;
+    const double ours = ours_json.get<double>(), diff = ours - theirs, rel = std::fabs(diff) / std::max(std::fabs(theirs), 1e-30);
+    t.rows.push_back({what, fm::fmt("%.8f", theirs), fm::fmt("%.8f", ours), fm::fmt("%+.2e", diff), fm::fmt("%.2e", rel)});
+    rows.push_back({{"number", what}, {"codelab", theirs}, {"tapegrad", ours}, {"relative", rel}});
+  };
+  auto at = [&](const char* a, const char* b = nullptr) -> json {
+    if (!metrics.contains(a)) return json();
+    return b ? (metrics[a].contains(b) ? metrics[a][b] : json()) : metrics[a];
+  };
+  row("first-batch loss (key(1))", golden["first_batch_loss"], at("initial_loss"));
+  row("loss after one SGD step (lr 3e-3)", golden["loss_after_one_sgd_step"], at("loss_after_one_sgd_step"));
+  row("one compiled AdamW step (key(2)): loss", golden["one_step"]["loss"], at("one_step", "loss"));
+  row("  batch accuracy", golden["one_step"]["accuracy"], at("one_step", "accuracy"));
+  row("  gradient norm", golden["one_step"]["grad_norm"], at("one_step", "grad_norm"));
+  const json& last = golden["history"].back();
+  if (metrics.contains("history") && !metrics["history"].empty())
+    row("training loss at step 400 (key(3))", last["loss"], metrics["history"].back()["loss"]);
+  row("test loss after 400 steps", golden["test_loss"], at("test", "loss"));
+  row("test accuracy after 400 steps", golden["test_accuracy"], at("test", "accuracy"));
+  show(t);
+  const bool same_samples = metrics.contains("test") && metrics["test"].contains("samples") &&
+                            metrics["test"]["samples"]["images"] == golden["sample_test_images"];
+  say(std::string(same_samples ? "The 25 sample test images are the codelab's." : "The 25 sample test images differ from the codelab's.") +
+      (codelab_run ? " Before any training the numbers agree to f32 rounding; after 401 AdamW steps they differ in the last digits: "
+                     "the same arithmetic in another order (f32 sums in oneDNN's GEMMs and tapegrad's reductions vs XLA's), "
+                     "and GELU's and exp's float implementations, compounded over the steps."
+                   : " This run's options differ from the codelab's (400 steps, batch 512, 256-128, adamw 3e-3 / 1e-4, SGD 3e-3, "
+                     "--order numpy --seed 0, f32, one process): only the numbers before training are comparable."));
+  metrics["codelab"] = {{"comparable", codelab_run}, {"same_sample_images", same_samples}, {"rows", rows}};
+}
+
 template <class D>
 int run(const Config& c, fm::Loaded& data, Outputs& out) {
-  using Params = Mlp<float, D>;
+  using Params = Mlp<D>;
   using Tensor = tg::Tensor<float, D>;
   using Labels = tg::Tensor<std::int32_t, D>;
   auto& report = out.report;
@@ -162,25 +176,12 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   heading("1. Setup", "The library, its backends and the device this run uses.");
   {
     fm::Table t{"versions and devices", {"item", "value"}, {}};
-    t.rows.push_back({"tapegrad", tg::version});
-    const dnnl_version_t* dv = dnnl_version();
-    t.rows.push_back({"oneDNN (CPU GEMMs)", std::to_string(dv->major) + "." + std::to_string(dv->minor) + "." + std::to_string(dv->patch)});
-#if defined(TG_WITH_CUDA)
-    int runtime = 0;
-    (void)cudaRuntimeGetVersion(&runtime);
-    (void)cudaGetLastError();
-    t.rows.push_back({"CUDA runtime", std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10)});
-    const std::size_t lt = cublasLtGetVersion();
-    t.rows.push_back({"cuBLASLt", std::to_string(lt / 10000) + "." + std::to_string(lt / 100 % 100) + "." + std::to_string(lt % 100)});
-#else
-    t.rows.push_back({"CUDA", "not in this build (g++); fashion_mnist_cuda is the nvcc build"});
-#endif
-    t.rows.push_back({"CUDA devices", tg::cuda::describe_devices()});
-    t.rows.push_back({"CPU threads (OpenMP)", std::to_string(omp_get_max_threads())});
+    const tg::BuildInfo info = tg::build_info();
+    for (const auto& [item, value] : info.rows()) t.rows.push_back({item, value});
     t.rows.push_back({"device in use", device});
     if (c.ranks > 1) t.rows.push_back({"data parallel", std::to_string(c.ranks) + " ranks (MPI" + std::string(std::is_same_v<D, tg::Cpu> ? ")" : "; NCCL between GPUs)")});
     show(t);
-    metrics["versions"] = {{"tapegrad", tg::version}, {"onednn", t.rows[1][1]}};
+    metrics["versions"] = {{"tapegrad", info.tapegrad}, {"onednn", info.onednn}, {"cuda_runtime", info.cuda_runtime}, {"cublaslt", info.cublaslt}};
     metrics["device"] = device;
   }
 
@@ -218,10 +219,16 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
 
   // 3. Batches -------------------------------------------------------------------------------------
   heading("3. Fixed batches on the device",
-          "Pixels / 255, flattened to 784; the training set shuffled once with key(" + std::to_string(c.seed) +
-              ") (jax.random.permutation's order) and cut into batches of " + std::to_string(c.batch) +
-              " (tail trimmed); the test set in file order. Moved to the device once.");
-  const auto train = tg::data::fixed_batches<D>(data.train.images, data.train.labels, c.batch, 10, tg::random::key(c.seed), c.rank, c.ranks);
+          "Pixels / 255, flattened to 784; the training set shuffled once, " +
+              (c.order == "numpy" ? "as the codelab, with np.random.default_rng(" + std::to_string(c.seed) + ").permutation(60000)"
+                                  : "with jax.random.permutation(key(" + std::to_string(c.seed) + "), 60000) (--order jax)") +
+              ", and cut into batches of " + std::to_string(c.batch) + " (tail trimmed); the test set in file order. Moved to the device once.");
+  // The codelab's order: np.random.default_rng(0).permutation(60000); --order jax: jax.random.permutation(key(seed)).
+  const auto train = c.order == "numpy"
+      ? tg::data::fixed_batches<D>(data.train.images, data.train.labels, c.batch, 10,
+                                   std::span<const std::int64_t>(tg::random::numpy::default_rng(c.seed).permutation(data.train.labels.size())),
+                                   c.rank, c.ranks)
+      : tg::data::fixed_batches<D>(data.train.images, data.train.labels, c.batch, 10, tg::random::key(c.seed), c.rank, c.ranks);
   const auto test = tg::data::fixed_batches<D>(data.test.images, data.test.labels, c.batch, 10);
   {
     fm::Table t{"device arrays", {"array", "shape", "dtype", "device"}, {}};
@@ -243,7 +250,8 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   // 4. Model and one step by hand ---------------------------------------------------------------------
   heading("4. Model", "MLP 784-" + std::to_string(c.hidden[0]) + "-" + std::to_string(c.hidden[1]) +
                           "-10 with GELU (tanh form), He-normal weights from key(1), zero biases, as a TG_PYTREE struct.");
-  Params params = init_params<D>(c);
+  const codelab::Sizes sizes{784, c.hidden[0], c.hidden[1], 10};
+  Params params = codelab::init_mlp_params<D>(tg::random::key(1), sizes);  // the one-step demo's key
   {
     fm::Table t{"parameters", {"parameter", "shape", "dtype", "device"}, {}};
     std::int64_t total = 0;
@@ -257,8 +265,8 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   }
   {
     const auto& b = train[0];
-    const auto grads = tg::grad(loss_only<D>)(params, b.x, b.y);
-    const auto [value, grads2] = tg::value_and_grad(loss_only<D>)(params, b.x, b.y);
+    const auto grads = tg::grad(codelab::cross_entropy_loss<D>)(params, b.x, b.y);
+    const auto [value, grads2] = tg::value_and_grad(codelab::cross_entropy_loss<D>)(params, b.x, b.y);
     double max_diff = 0;
     fm::Table t{"the gradient tree beside the parameter tree (first batch)", {"path", "parameter", "gradient", "gradient norm"}, {}};
     tg::tree_for_each([&](const std::string& path, const auto& w, const auto& g, const auto& g2) {
@@ -267,8 +275,8 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     }, params, grads, grads2);
     show(t);
     const double loss0 = value.item();
-    auto [next, loss_sgd] = sgd_step<D>(params, b.x, b.y, static_cast<float>(c.sgd_lr));
-    const double loss1 = loss_only<D>(next, b.x, b.y).item();
+    auto [next, loss_sgd] = codelab::sgd_step<D>(params, b.x, b.y, static_cast<float>(c.sgd_lr));
+    const double loss1 = codelab::cross_entropy_loss<D>(next, b.x, b.y).item();
     fm::Table s{"one step by hand", {"quantity", "value"}, {}};
     s.rows.push_back({"max |grad - value_and_grad's grad|", fm::fmt("%.3g", max_diff)});
     s.rows.push_back({"loss before the update (first batch)", fm::fmt("%.8f", loss0)});
@@ -289,17 +297,17 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     const float lr = static_cast<float>(c.sgd_lr);
     Params p = params;
     Tensor last;
-    for (int i = 0; i < 3; ++i) std::tie(p, last) = sgd_step<D>(p, train[i % train.size()].x, train[i % train.size()].y, lr);
+    for (int i = 0; i < 3; ++i) std::tie(p, last) = codelab::sgd_step<D>(p, train[i % train.size()].x, train[i % train.size()].y, lr);
     (void)last.item();
     auto t0 = clock_type::now();
     for (int i = 0; i < eager_steps; ++i) {
       const auto& b = train[static_cast<std::size_t>(i) % train.size()];
-      std::tie(p, last) = sgd_step<D>(p, b.x, b.y, lr);
+      std::tie(p, last) = codelab::sgd_step<D>(p, b.x, b.y, lr);
     }
     (void)last.item();  // synchronises
     const std::int64_t local_batch = c.batch / c.ranks;  // step 5 runs on this rank alone
     eager_eps = static_cast<double>(eager_steps * local_batch) / seconds_since(t0);
-    auto step = tg::compile([lr](const Params& q, const Tensor& x, const Labels& y) { return sgd_step<D>(q, x, y, lr); });
+    auto step = tg::compile([lr](const Params& q, const Tensor& x, const Labels& y) { return codelab::sgd_step<D>(q, x, y, lr); });
     Params q = params;
     for (int i = 0; i < 5; ++i) std::tie(q, last) = step(std::move(q), train[i % train.size()].x, train[i % train.size()].y);
     (void)last.item();
@@ -326,27 +334,12 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   // 6. AdamW ------------------------------------------------------------------------------------------
   const auto optimizer = tg::optim::adamw(c.lr, {.weight_decay = c.weight_decay});  // chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate)
   using State = decltype(optimizer.init(std::declval<Params>()));
-  const bool check = c.check_numerics, data_parallel = c.ranks > 1;
-  auto train_step = [&optimizer, check, data_parallel]<class C>(const Params& p, const State& s, const Tensor& x, const Labels& y) {
-    auto [out_, grads] = tg::value_and_grad(loss_with_accuracy<C, D>, tg::has_aux)(p, x, y);
-#if defined(TG_WITH_DIST)
-    if (data_parallel) {  // the mean over ranks: the gradient of the global batch's mean loss
-      grads = tg::dist::all_reduce_mean(grads);
-      out_ = tg::dist::all_reduce_mean(out_);
-    }
-#else
-    (void)data_parallel;
-#endif
-    auto [updates, next] = optimizer.update(grads, s, p);
-    auto flags = check ? tg::nonfinite_flags(grads) : tg::tree_map([](const auto&) { return tg::zeros<float, D>({}); }, grads);
-    Metrics<D> m{out_.first, out_.second, tg::global_norm(grads), flags};
-    return std::tuple{tg::optim::apply_updates(p, updates), next, m};
-  };
+  const codelab::StepOptions step_options{c.check_numerics, c.ranks > 1};
   auto step_f32 = tg::compile([&](const Params& p, const State& s, const Tensor& x, const Labels& y) {
-    return train_step.template operator()<float>(p, s, x, y);
+    return codelab::train_step<float>(optimizer, p, s, x, y, step_options);
   });
   auto step_bf16 = tg::compile([&](const Params& p, const State& s, const Tensor& x, const Labels& y) {
-    return train_step.template operator()<tg::bf16>(p, s, x, y);
+    return codelab::train_step<tg::bf16>(optimizer, p, s, x, y, step_options);
   });
   auto step_main = [&](Params&& p, State&& s, const Tensor& x, const Labels& y) {
     return c.dtype == "bf16" ? step_bf16(std::move(p), std::move(s), x, y) : step_f32(std::move(p), std::move(s), x, y);
@@ -354,6 +347,8 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   heading("6. AdamW", "adamw(" + fm::fmt("%g", c.lr) + ", weight_decay=" + fm::fmt("%g", c.weight_decay) +
                           "), built by chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate); compute dtype " + c.dtype +
                           ". Metrics stay on the device until logged every " + std::to_string(c.log_every) + " steps.");
+  // The training starts from key(3), the one-step table below from key(2): the codelab's keys.
+  params = codelab::init_mlp_params<D>(tg::random::key(3), sizes);
   State state = optimizer.init(params);
   std::vector<double> h_step, h_loss, h_acc, h_norm;
   double adamw_eps = 0;
@@ -361,7 +356,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   const std::map<std::string, std::string> run_identity{{"seed", std::to_string(c.seed)}, {"batch", std::to_string(c.batch)},
                                                         {"hidden", std::to_string(c.hidden[0]) + "," + std::to_string(c.hidden[1])},
                                                         {"lr", fm::fmt("%.17g", c.lr)}, {"weight_decay", fm::fmt("%.17g", c.weight_decay)},
-                                                        {"dtype", c.dtype}};
+                                                        {"dtype", c.dtype}, {"order", c.order}};
   int first_step = 1;
   if (!c.resume.empty()) {
     TrainState<Params, State> loaded{params, state};
@@ -384,36 +379,40 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     say("Resumed from " + c.resume + " after step " + std::to_string(saved) + ".");
   }
   {
-    auto [p1, s1, m1] = step_main(Params(params), State(state), train[0].x, train[0].y);
-    fm::Table one{"one AdamW step (first batch)", {"loss", "batch accuracy", "gradient norm"}, {}};
+    const Params p2 = codelab::init_mlp_params<D>(tg::random::key(2), sizes);
+    auto [p1, s1, m1] = step_main(Params(p2), optimizer.init(p2), train[0].x, train[0].y);
+    fm::Table one{"one compiled AdamW step (first batch, parameters from key(2))", {"loss", "batch accuracy", "gradient norm"}, {}};
     one.rows.push_back({fm::fmt("%.6f", m1.loss.item()), fm::fmt("%.4f", m1.accuracy.item()), fm::fmt("%.6f", m1.grad_norm.item())});
     show(one);
+    metrics["one_step"] = {{"loss", m1.loss.item()}, {"accuracy", m1.accuracy.item()}, {"grad_norm", m1.grad_norm.item()}};
+    if (first_step == 1) {
+      // As the codelab: one step on the first batch before the loop (it compiles the step), then the loop.
+      auto [pw, sw, mw] = step_main(std::move(params), std::move(state), train[0].x, train[0].y);
+      params = std::move(pw), state = std::move(sw);
+      (void)mw.loss.item();
+    }
 
     fm::Progress progress("training", c.steps, c.quiet);
-    const int warmup = std::min(5, c.steps - first_step + 1);
-    std::vector<std::pair<int, Metrics<D>>> pending;  // on the device until logged
+    const int warmup = 0;  // the step before the loop recorded the compiled step
     clock_type::time_point t0 = clock_type::now();
     std::string status;
-    for (int i = first_step; i <= c.steps; ++i) {
-      if (i == first_step + warmup) t0 = clock_type::now();
-      const auto& b = train[static_cast<std::size_t>(i - 1) % train.size()];
-      auto [p, s, m] = step_main(std::move(params), std::move(state), b.x, b.y);
-      params = std::move(p), state = std::move(s);
+    codelab::train_loop(step_main, params, state, train, first_step, c.steps, c.log_every, [&](int at, const Metrics<D>& m, bool log) {
       if (c.check_numerics) {
-        tg::check_finite(m.loss, "loss at step " + std::to_string(i));
-        tg::raise_if_nonfinite(m.grad_flags, "gradient at step " + std::to_string(i));
+        tg::check_finite(m.loss, "loss at step " + std::to_string(at));
+        tg::raise_if_nonfinite(m.grad_flags, "gradient at step " + std::to_string(at));
       }
-      const bool log = i % c.log_every == 0 || i == first_step || i == c.steps;
-      if (log) pending.emplace_back(i, m);
       if (log) {
-        for (auto& [at, mm] : pending) {
-          h_step.push_back(at), h_loss.push_back(mm.loss.item()), h_acc.push_back(mm.accuracy.item()), h_norm.push_back(mm.grad_norm.item());
-        }
-        pending.clear();
+        h_step.push_back(at), h_loss.push_back(m.loss.item()), h_acc.push_back(m.accuracy.item()), h_norm.push_back(m.grad_norm.item());
+        if (!std::isfinite(h_loss.back()))
+          throw Diverged("the training loss is " + fm::fmt("%g", h_loss.back()) + " at step " + std::to_string(at) +
+                         " (the first logged step where it is not finite; logging every " + std::to_string(c.log_every) +
+                         "): the training diverged. The likely cause is the learning rate (--lr " + fm::fmt("%g", c.lr) +
+                         "; the codelab's is 3e-3). Rerun with --check-numerics to stop at the first step whose loss or "
+                         "gradients are not finite, naming the leaf");
         status = "loss " + fm::fmt("%.4f", h_loss.back()) + "  acc " + fm::fmt("%.3f", h_acc.back());
       }
-      progress.update(i, status, log);
-    }
+      progress.update(at, status, log);
+    });
     const int timed = c.steps - first_step + 1 - warmup;
     // Global examples: c.batch per step over all ranks together.
     adamw_eps = timed > 0 ? static_cast<double>(timed) * static_cast<double>(c.batch) / seconds_since(t0) : 0.0;  // the last log synchronised
@@ -426,7 +425,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     show(hist);
     report.html(fm::svg_curve(h_step, h_loss, h_acc));
     fm::Table tp{"AdamW training throughput", {"measure", "value"}, {}};
-    tp.rows.push_back({"examples/sec (" + std::to_string(timed) + " steps after " + std::to_string(warmup) + " warm-up)", fm::grouped(adamw_eps)});
+    tp.rows.push_back({"examples/sec (" + std::to_string(timed) + " steps after 1 warm-up step)", fm::grouped(adamw_eps)});
     tp.rows.push_back({"tokens/sec (projection)", fm::grouped(adamw_eps * c.tokens_per_example)});
     show(tp);
     say("The tokens/sec figure is a projection, not a measurement: examples/sec times " + fm::fmt("%g", c.tokens_per_example) +
@@ -441,10 +440,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
   heading("7. Evaluation", "Over the " + std::to_string(test.size()) + " test batches (" +
                                fm::grouped(static_cast<double>(test.size()) * static_cast<double>(c.batch)) + " images).");
   {
-    auto evaluate = tg::compile([](const Params& p, const Tensor& x, const Labels& y) {
-      const auto logits = logits_of<float>(p, x);
-      return std::tuple{tg::sum(tg::softmax_cross_entropy_with_integer_labels(logits, y)), tg::argmax(logits, 1)};
-    });
+    auto evaluate = tg::compile(&codelab::evaluate<D>);
     double loss_sum = 0;
     std::vector<std::int32_t> predicted, truth;
     for (const auto& b : test) {
@@ -467,30 +463,41 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     show(t);
     metrics["test"] = {{"images", truth.size()}, {"loss", test_loss}, {"accuracy", test_acc}};
 
-    // 25 random test images with predicted and true labels.
-    const auto pick = tg::random::permutation(tg::random::fold_in(tg::random::key(c.seed), 25), static_cast<std::int64_t>(truth.size())).to_vector();
+    // The codelab's 25 sample test images, np.random.default_rng(7).choice(10000, 25, replace=False),
+    // predicted from the images themselves (the batches hold only the first 19 x 512).
+    const auto pick = tg::random::numpy::default_rng(7).choice(data.test.labels.size(), 25);
     const auto px = data.test.images.to_vector();
+    const auto all_labels = data.test.labels.to_vector();
+    std::vector<std::int32_t> sample_predicted, sample_truth;  // of the 25, in the order picked
+    {
+      std::vector<float> xs;
+      for (const std::int64_t i : pick)
+        for (std::size_t f = 0; f < 784; ++f) xs.push_back(static_cast<float>(px[static_cast<std::size_t>(i) * 784 + f]) / 255.0f);
+      sample_predicted = tg::argmax(codelab::mlp<float>(params, tg::from_vector<D>(xs, {25, 784})), 1).to_vector();
+      for (const std::int64_t i : pick) sample_truth.push_back(all_labels[static_cast<std::size_t>(i)]);
+    }
     std::vector<fm::Tile> tiles;
     std::string figures = "<div class=\"grid\">";
-    for (int k = 0; k < 25; ++k) {
-      const auto i = static_cast<std::size_t>(pick[static_cast<std::size_t>(k)]);
-      const bool ok = predicted[i] == truth[i];
+    for (std::size_t k = 0; k < 25; ++k) {
+      const auto i = static_cast<std::size_t>(pick[k]);
+      const auto pred = static_cast<std::size_t>(sample_predicted[k]), true_class = static_cast<std::size_t>(sample_truth[k]);
+      const bool ok = pred == true_class;
       const std::uint8_t* p = px.data() + i * 784;
       tiles.push_back(ok ? fm::Tile{p, 30, 132, 73} : fm::Tile{p, 192, 57, 43});
       figures += std::string("<figure class=\"") + (ok ? "ok" : "bad") + "\"><img alt=\"test image " + std::to_string(i) + "\" src=\"" +
                  fm::png_data_uri(fm::encode_png(fm::image_grid({{p, 255, 255, 255}}, 1, 3))) + "\"><figcaption>" +
-                 fm::html_escape(fm::class_names[static_cast<std::size_t>(predicted[i])]) +
-                 (ok ? "" : "<br>(true: " + fm::html_escape(fm::class_names[static_cast<std::size_t>(truth[i])]) + ")") + "</figcaption></figure>";
+                 fm::html_escape(fm::class_names[pred]) + (ok ? "" : "<br>(true: " + fm::html_escape(fm::class_names[true_class]) + ")") +
+                 "</figcaption></figure>";
     }
     out.predictions_png = fm::encode_png(fm::image_grid(tiles, 5, 3));
-    report.html("<p>25 random test images: the prediction, green when right, red (with the true class) when wrong.</p>" + figures + "</div>");
+    report.html("<p>The codelab's 25 sample test images (<code>np.random.default_rng(7).choice(10000, 25, replace=False)</code>): "
+                "the prediction, green when right, red (with the true class) when wrong.</p>" + figures + "</div>");
+    metrics["test"]["samples"] = {{"images", pick}, {"predicted", sample_predicted}, {"truth", sample_truth}};
     if (!c.quiet) {
-      std::cout << "  25 random test images (prediction / truth):\n";
-      for (int k = 0; k < 25; ++k) {
-        const auto i = static_cast<std::size_t>(pick[static_cast<std::size_t>(k)]);
-        std::printf("    %-12s %-12s %s\n", fm::class_names[static_cast<std::size_t>(predicted[i])],
-                    fm::class_names[static_cast<std::size_t>(truth[i])], predicted[i] == truth[i] ? "right" : "WRONG");
-      }
+      std::cout << "  the codelab's 25 sample test images (index: prediction / truth):\n";
+      for (std::size_t k = 0; k < 25; ++k)
+        std::printf("    %5lld  %-12s %-12s %s\n", static_cast<long long>(pick[k]), fm::class_names[static_cast<std::size_t>(sample_predicted[k])],
+                    fm::class_names[static_cast<std::size_t>(sample_truth[k])], sample_predicted[k] == sample_truth[k] ? "right" : "WRONG");
     }
     // The confusion matrix, as fractions of each true class.
     std::vector<std::string> names(fm::class_names.begin(), fm::class_names.end());
@@ -517,12 +524,13 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
 
   // 8. f32 vs bf16 compute ---------------------------------------------------------------------------
   heading("8. f32 vs bf16 compute", "The same AdamW step computing in f32 and in bf16 (parameters and optimizer state stay f32), " +
-                                        std::to_string(c.timing_steps) + " compiled steps each after 5 warm-up steps, from the initial parameters.");
+                                        std::to_string(c.timing_steps) + " compiled steps each after one warm-up step, from parameters drawn with key(10) "
+                                        "(the codelab's).");
   {
     fm::Table t{"compute dtype", {"compute", "examples/sec", "loss after", "vs f32"}, {}};
     std::vector<double> eps;
     for (const bool bf16 : {false, true}) {
-      Params p = init_params<D>(c);
+      Params p = codelab::init_mlp_params<D>(tg::random::key(10), sizes);  // the codelab's key for this comparison
       State s = optimizer.init(p);
       Metrics<D> m;
       auto go = [&](int i) {
@@ -530,10 +538,10 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
         auto [p2, s2, m2] = bf16 ? step_bf16(std::move(p), std::move(s), b.x, b.y) : step_f32(std::move(p), std::move(s), b.x, b.y);
         p = std::move(p2), s = std::move(s2), m = std::move(m2);
       };
-      for (int i = 0; i < 5; ++i) go(i);
+      go(0);  // as the codelab: one step on the first batch (it compiles), then the timed steps from batch 0
       (void)m.loss.item();
       const auto t0 = clock_type::now();
-      for (int i = 5; i < 5 + c.timing_steps; ++i) go(i);
+      for (int i = 0; i < c.timing_steps; ++i) go(i);
       const double loss = m.loss.item();
       eps.push_back(static_cast<double>(c.timing_steps) * static_cast<double>(c.batch) / seconds_since(t0));  // global batch
       t.rows.push_back({bf16 ? "bf16" : "f32", fm::grouped(eps.back()), fm::fmt("%.4f", loss), fm::fmt("%.2fx", eps.back() / eps.front())});
@@ -542,7 +550,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     show(t);
     report.html(fm::svg_bars({"f32 compute", "bf16 compute"}, eps, "examples/s"));
     if constexpr (std::is_same_v<D, tg::Cpu>) {
-      if (!tg::cpu::OneDnn::instance().bf16_supported())
+      if (!tg::build_info().cpu_bf16)
         say("This CPU has no bf16 instructions (AVX-512 BF16 / AMX): bf16 GEMMs run as f32 after a conversion, so bf16 compute is "
             "slower here; it pays on GPUs and on CPUs with those instructions.");
     }
@@ -586,8 +594,14 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     metrics["placement_ok"] = all_here;
     metrics["final_train_loss"] = h_loss.back();
   }
+  // 10. Beside the codelab --------------------------------------------------------------------------------
+  heading("10. Beside the codelab", "Each number the codelab prints, computed by its own JAX + Optax code on the same data "
+                                    "(scripts/codelab_golden.py, JAX's CPU backend), beside this run's.");
+  beside_the_codelab(c, metrics, show, say);
+
   metrics["config"] = {{"steps", c.steps}, {"batch", c.batch}, {"hidden", c.hidden}, {"lr", c.lr}, {"weight_decay", c.weight_decay},
-                       {"sgd_lr", c.sgd_lr}, {"log_every", c.log_every}, {"seed", c.seed}, {"dtype", c.dtype}, {"timing_steps", c.timing_steps}};
+                       {"sgd_lr", c.sgd_lr}, {"log_every", c.log_every}, {"seed", c.seed}, {"order", c.order}, {"dtype", c.dtype},
+                       {"timing_steps", c.timing_steps}};
   if (!c.save.empty()) {
     std::map<std::string, std::string> meta = run_identity;
     meta["step"] = std::to_string(c.steps);
@@ -608,10 +622,39 @@ namespace {
 
 /// Writes `bytes` to `path` through a temporary file and a rename: a file under --out is whole or absent.
 void write_whole(const std::filesystem::path& path, const std::string& bytes) {
-  tg::io::detail::write_file_atomically(path.string(), std::vector<std::uint8_t>(bytes.begin(), bytes.end()), "fashion_mnist");
+  tg::io::write_file_atomically(path.string(), bytes);
 }
 
 std::string as_string(const std::vector<std::uint8_t>& b) { return std::string(b.begin(), b.end()); }
+
+/// Fails before any training, exit 2, when --out cannot be created or written: each missing folder is
+/// created and a probe file written and removed, then what was created is removed again (a run that
+/// fails later leaves nothing), and the reason names the folder and the system's answer.
+void check_output_dir(const std::string& out) {
+  namespace fs = std::filesystem;
+  const fs::path dir(out);
+  std::vector<fs::path> created;
+  for (fs::path p = dir; !p.empty() && !fs::exists(p); p = p.parent_path()) created.push_back(p);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw fm::DataError("--out " + out + ": cannot create this folder (" + ec.message() + "); choose a writable place for the outputs");
+  if (!fs::is_directory(dir)) throw fm::DataError("--out " + out + ": not a folder; choose a folder for the outputs");
+  const fs::path probe = dir / (".fashion_mnist_probe_" + std::to_string(::getpid()));
+  {
+    std::ofstream f(probe);
+    f << "probe";
+    f.close();
+    if (!f) {
+      const std::string why = std::strerror(errno);
+      std::error_code ignored;
+      fs::remove(probe, ignored);
+      for (const fs::path& p : created) fs::remove(p, ignored);
+      throw fm::DataError("--out " + out + ": cannot write into this folder (" + why + "); choose a writable place for the outputs");
+    }
+  }
+  fs::remove(probe, ec);
+  for (const fs::path& p : created) fs::remove(p, ec);  // deepest first
+}
 
 }  // namespace
 
@@ -624,9 +667,14 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", c.hidden, "the two hidden layer sizes")->expected(2)->check(CLI::Range(1, 65536))->capture_default_str();
   app.add_option("--lr", c.lr, "AdamW learning rate")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--weight-decay", c.weight_decay, "AdamW weight decay")->check(CLI::NonNegativeNumber)->capture_default_str();
-  app.add_option("--sgd-lr", c.sgd_lr, "learning rate of the hand-written SGD step (steps 4 and 5)")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--sgd-lr", c.sgd_lr, "learning rate of the hand-written SGD step (steps 4 and 5; the codelab's LEARNING_RATE)")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--log-every", c.log_every, "log the metrics every N steps")->check(CLI::Range(1, 10000000))->capture_default_str();
-  app.add_option("--seed", c.seed, "seed of the training-set shuffle and of the sample images (parameters: key(1))")->capture_default_str();
+  app.add_option("--seed", c.seed, "seed of the training-set shuffle (the codelab's keys and sample images are fixed)")->capture_default_str();
+  app.add_option("--order", c.order, "the training set's shuffle: numpy (np.random.default_rng(seed).permutation, the codelab's) or jax "
+                                     "(jax.random.permutation(key(seed)), tapegrad 0.1's order)")
+      ->check(CLI::IsMember({"numpy", "jax"}))->capture_default_str();
+  app.add_option("--codelab-golden", c.codelab_golden, "the codelab's numbers for the side-by-side table (scripts/codelab_golden.py)")
+      ->capture_default_str();
   app.add_option("--dtype", c.dtype, "compute dtype of the AdamW training (parameters stay f32)")->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
   app.add_option("--device", c.device, "auto: CUDA when a GPU is there, else the CPU")->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   app.add_option("--data-dir", c.data_dir, "directory searched first for the four Fashion-MNIST .gz files");
@@ -668,6 +716,7 @@ int main(int argc, char** argv) {
 #endif
     if (!c.quiet) std::cout << "fashion_mnist: tapegrad " << tg::version << "\n== finding the data\n";
     fm::Loaded data = fm::find_and_load(c.data_dir, !c.no_download, !c.no_verify, c.quiet);
+    if (c.rank == 0) check_output_dir(c.out);  // before training, not after it
     Outputs out;
     const auto t0 = clock_type::now();
 #if defined(TG_WITH_CUDA)
@@ -681,7 +730,7 @@ int main(int argc, char** argv) {
     if (c.rank != 0) return 0;
     // Everything is written at the end, each file whole or not at all (by rank 0 alone).
     const std::filesystem::path dir(c.out);
-    std::filesystem::create_directories(dir);
+    std::filesystem::create_directories(dir);  // checked writable before training
     write_whole(dir / "class_examples.png", as_string(out.class_png));
     write_whole(dir / "test_predictions.png", as_string(out.predictions_png));
     write_whole(dir / "metrics.json", out.metrics.dump(2) + "\n");
@@ -692,6 +741,12 @@ int main(int argc, char** argv) {
       std::cout << "wrote " << (dir / "report.html").string() << ", metrics.json, class_examples.png, test_predictions.png, params.safetensors ("
                 << fm::fmt("%.1f", seconds_since(t0)) << " s)\n";
     return 0;
+  } catch (const Diverged& e) {
+#if defined(TG_WITH_DIST)
+    if (comm && comm->size() > 1) comm->abort(std::string("fashion_mnist: ") + e.what(), 1);
+#endif
+    std::cerr << "fashion_mnist: " << e.what() << "\n";
+    return 1;
   } catch (const fm::DataError& e) {
 #if defined(TG_WITH_DIST)
     if (comm && comm->size() > 1) comm->abort(std::string("fashion_mnist: ") + e.what(), 2);

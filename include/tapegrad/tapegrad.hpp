@@ -2,6 +2,7 @@
 #pragma once
 
 #include "tapegrad/config.hpp"
+#include "tapegrad/build_info.hpp"
 #include "tapegrad/core/bf16.hpp"
 #include "tapegrad/core/device.hpp"
 #include "tapegrad/core/dtype.hpp"

@@ -1,8 +1,9 @@
-// Fixed-size batches for training: pixels scaled to [0, 1] and flattened, optionally shuffled once with a
-// seed (jax.random.permutation's order), cut into equal batches with the tail trimmed, and moved to the
+// Fixed-size batches for training: pixels scaled to [0, 1] and flattened, optionally shuffled once (with a
+// key, in jax.random.permutation's order, or in a given order such as NumPy's), cut into equal batches with the tail trimmed, and moved to the
 // device once, so that the training loop never copies from the host.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -32,7 +33,28 @@ struct Batch {
 /// divisible by `shards`, and a label outside [0, num_classes).
 template <Device D>
 std::vector<Batch<D>> fixed_batches(const Tensor<std::uint8_t>& images, const Tensor<std::uint8_t>& labels, std::int64_t batch_size,
+                                    int num_classes, std::span<const std::int64_t> order, int shard = 0, int shards = 1);
+
+template <Device D>
+std::vector<Batch<D>> fixed_batches(const Tensor<std::uint8_t>& images, const Tensor<std::uint8_t>& labels, std::int64_t batch_size,
                                     int num_classes, std::optional<random::Key> shuffle_key = std::nullopt, int shard = 0, int shards = 1) {
+  TG_CHECK(labels.rank() == 1, "fixed_batches", "labels must be 1-d, got ", labels.shape().str());
+  const std::int64_t n = labels.shape()[0];
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  if (shuffle_key) {
+    const auto p = random::permutation(*shuffle_key, n).to_vector();
+    std::copy(p.begin(), p.end(), order.begin());
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
+  }
+  return fixed_batches<D>(images, labels, batch_size, num_classes, std::span<const std::int64_t>(order), shard, shards);
+}
+
+/// The same, with the examples in a given `order`, a permutation of [0, N): for example NumPy's,
+/// tg::random::numpy::default_rng(0).permutation(N), which the JAX codelab shuffles with.
+template <Device D>
+std::vector<Batch<D>> fixed_batches(const Tensor<std::uint8_t>& images, const Tensor<std::uint8_t>& labels, std::int64_t batch_size,
+                                    int num_classes, std::span<const std::int64_t> order, int shard, int shards) {
   TG_CHECK(shards >= 1 && shard >= 0 && shard < shards, "fixed_batches", "shard ", shard, " of ", shards, " does not exist");
   TG_CHECK(batch_size % shards == 0, "fixed_batches", "batch size ", batch_size, " does not split into ", shards,
            " equal shards; use a multiple of ", shards);
@@ -47,10 +69,13 @@ std::vector<Batch<D>> fixed_batches(const Tensor<std::uint8_t>& images, const Te
   for (std::int64_t i = 0; i < n; ++i)
     TG_CHECK(classes[static_cast<std::size_t>(i)] < num_classes, "fixed_batches", "label ", int(classes[static_cast<std::size_t>(i)]),
              " of example ", i, " is outside [0, ", num_classes, ")");
-  std::vector<std::int32_t> order(static_cast<std::size_t>(n));
-  if (shuffle_key) order = random::permutation(*shuffle_key, n).to_vector();
-  else
-    for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(i);
+  TG_CHECK(static_cast<std::int64_t>(order.size()) == n, "fixed_batches", "an order of ", order.size(), " indices for ", n, " examples");
+  std::vector<bool> seen(static_cast<std::size_t>(n), false);
+  for (const std::int64_t i : order) {
+    TG_CHECK(i >= 0 && i < n && !seen[static_cast<std::size_t>(i)], "fixed_batches", "the order is not a permutation of [0, ", n,
+             "): index ", i, i >= 0 && i < n ? " appears twice" : " is out of range");
+    seen[static_cast<std::size_t>(i)] = true;
+  }
 
   std::vector<Batch<D>> batches;
   const std::int64_t local = batch_size / shards, first = shard * local;

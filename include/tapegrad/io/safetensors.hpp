@@ -21,6 +21,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tapegrad/config.hpp"
@@ -41,7 +42,7 @@ template <> inline constexpr const char* safetensors_dtype<std::uint32_t> = "U32
 template <> inline constexpr const char* safetensors_dtype<std::uint8_t> = "U8";
 
 /// Writes `bytes` to `path` atomically: `path`.tmp-<pid>, fsync, rename over `path`, fsync the directory.
-inline void write_file_atomically(const std::string& path, const std::vector<std::uint8_t>& bytes, const char* op) {
+inline void write_file_atomically(const std::string& path, std::span<const std::uint8_t> bytes, const char* op) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -109,6 +110,15 @@ void save_safetensors(const std::string& path, const Tree& tree, const std::map<
   std::memcpy(file.data() + 8, text.data(), text.size());
   if (!data.empty()) std::memcpy(file.data() + 8 + text.size(), data.data(), data.size());
   detail::write_file_atomically(path, file, "save_safetensors");
+}
+
+/// Writes `bytes` to `path` whole or not at all: a temporary file beside it, flushed to disk, renamed over
+/// `path` (a reader never sees half a file; a crash leaves the old one). Errors name `path` and the cause.
+inline void write_file_atomically(const std::string& path, std::span<const std::uint8_t> bytes) {
+  detail::write_file_atomically(path, bytes, "write_file_atomically");
+}
+inline void write_file_atomically(const std::string& path, std::string_view text) {
+  detail::write_file_atomically(path, std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()), "write_file_atomically");
 }
 
 /// The largest header accepted (the safetensors reference implementation's bound): a length field beyond

@@ -1,0 +1,58 @@
+// tg::build_info(): what this program was built with and runs on — tapegrad's version, the CPU GEMM
+// library's, CUDA's runtime and cuBLASLt's where built with CUDA, and the devices — for logs and reports.
+#pragma once
+
+#include "tapegrad/config.hpp"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tapegrad/backend/cpu/onednn.hpp"
+#include "tapegrad/backend/cuda/check.hpp"
+#include "tapegrad/core/device.hpp"
+
+namespace tg::inline TG_ABI {
+
+/// Versions and devices, each as text (CUDA's fields say "not in this build" without TG_WITH_CUDA).
+struct BuildInfo {
+  std::string tapegrad, onednn, cuda_runtime, cublaslt, cuda_devices;
+  int cpu_threads = 0;     ///< OpenMP threads the CPU loops and oneDNN use
+  bool cpu_bf16 = false;   ///< the CPU has bf16 instructions oneDNN uses (else bf16 GEMMs run as f32)
+
+  /// (name, value) rows, in the order above, for a table.
+  std::vector<std::pair<std::string, std::string>> rows() const {
+    return {{"tapegrad", tapegrad},          {"oneDNN (CPU GEMMs)", onednn}, {"CUDA runtime", cuda_runtime},
+            {"cuBLASLt", cublaslt},          {"CUDA devices", cuda_devices}, {"CPU threads (OpenMP)", std::to_string(cpu_threads)},
+            {"CPU bf16 instructions", cpu_bf16 ? "yes (oneDNN's native bf16 kernels)" : "no (bf16 GEMMs run as f32)"}};
+  }
+};
+
+/// What this translation unit was built with and the machine it runs on.
+inline BuildInfo build_info() {
+  BuildInfo info;
+  info.tapegrad = version;
+  const dnnl_version_t* dnnl = dnnl_version();
+  info.onednn = std::to_string(dnnl->major) + "." + std::to_string(dnnl->minor) + "." + std::to_string(dnnl->patch);
+#if defined(TG_WITH_CUDA)
+  int runtime = 0;
+  if (cudaRuntimeGetVersion(&runtime) == cudaSuccess)
+    info.cuda_runtime = std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10);
+  else
+    info.cuda_runtime = "unknown";
+  (void)cudaGetLastError();
+  const std::size_t lt = cublasLtGetVersion();
+  info.cublaslt = std::to_string(lt / 10000) + "." + std::to_string(lt / 100 % 100) + "." + std::to_string(lt % 100);
+#else
+  info.cuda_runtime = info.cublaslt = "not in this build (no TG_WITH_CUDA: link tapegrad::cuda)";
+#endif
+  info.cuda_devices = cuda::describe_devices();
+  info.cpu_threads = omp_get_max_threads();
+  info.cpu_bf16 = cpu::OneDnn::instance().bf16_supported();
+  return info;
+}
+
+}  // namespace tg
