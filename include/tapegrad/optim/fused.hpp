@@ -96,15 +96,64 @@ TG_HD T applied(T p, T u) {
   return ::tg::detail::convert_to<T>(::tg::detail::convert_from<C>(p) + ::tg::detail::convert_from<C>(u));
 }
 
-/// The fused AdamW over a batch of leaves (the CUDA kernel's functor: one launch for all of them).
-template <class T>
+/// The learning rate inside the fused pass: Scale's constant step size (-lr), or sign * schedule(count)
+/// at the schedule's count before the update (scale_by_schedule's value), as a double.
+struct ConstantStep {
+  double step_size;
+  TG_HD double operator()(std::int64_t) const { return step_size; }
+};
+template <class S>
+struct ScheduledStep {
+  S schedule;
+  double sign;
+  TG_HD double operator()(std::int64_t count) const { return sign * schedule(count); }
+};
+
+/// The fused pass's learning-rate step for adamw's last atom.
+template <class LR> struct StepOf;
+template <> struct StepOf<Scale> {
+  using type = ConstantStep;
+  static type make(const Scale& lr) { return {lr.step_size}; }
+};
+template <class S> struct StepOf<ScaleBySchedule<S>> {
+  using type = ScheduledStep<S>;
+  static type make(const ScaleBySchedule<S>& lr) { return {lr.schedule, lr.sign}; }
+};
+
+/// The step's bookkeeping, computed where it is used: the counts after the update (optax's
+/// safe_int32_increment), Adam's bias corrections with the incremented count, the learning-rate step.
+template <class T, class Step>
+struct AdamWScalars {
+  compute_t<T> c1, c2, scale;
+
+  TG_HD static AdamWScalars at(std::int32_t count, std::int32_t lr_count, double b1, double b2, const Step& step) {
+    using C = compute_t<T>;
+    const std::int32_t next = SafeIncrement{}(count);
+    // As BiasCorrectionFn and scale_by_schedule compute them: 1 - decay^count in C, the step as a double.
+    return {C(1) - math::pow(C(b1), C(next)), C(1) - math::pow(C(b2), C(next)), C(step(static_cast<std::int64_t>(lr_count)))};
+  }
+};
+
+/// The fused AdamW over a batch of leaves (the CUDA kernel's functor: one launch for all of them, with the
+/// counts, the bias corrections and the learning rate computed inside it rather than by kernels of their own).
+template <class T, class Step>
 struct FusedAdamWFn {
   AdamWLeaves<T> leaves;
-  const compute_t<T>* correction;  // {1 - b1^count, 1 - b2^count} for the incremented count
-  const double* step;              // a schedule's -lr(count) on the device, or null: then `scale`
-  double scale;                    // Scale's step size, -lr
+  const std::int32_t* count_in;     // Adam's count before the update
+  std::int32_t* count_out;          // its next value, written by element 0 of the first launch (else null)
+  const std::int32_t* lr_count_in;  // a schedule's count (null for a constant learning rate)
+  std::int32_t* lr_count_out;
+  Step step;
   AdamMath<T> adam;
-  double weight_decay;
+  double b1, b2, weight_decay;
+
+  TG_HD AdamWScalars<T, Step> scalars() const {
+    return AdamWScalars<T, Step>::at(count_in[0], lr_count_in ? lr_count_in[0] : 0, b1, b2, step);
+  }
+  TG_HD void write_counts() const {
+    if (count_out) count_out[0] = SafeIncrement{}(count_in[0]);
+    if (lr_count_out) lr_count_out[0] = SafeIncrement{}(lr_count_in[0]);
+  }
 
   /// Element `flat` of the concatenated leaves.
   TG_HD void operator()(std::int64_t flat) const {
@@ -117,19 +166,20 @@ struct FusedAdamWFn {
     }
     const int k = lo;
     const std::int64_t i = flat - leaves.offset[k];
+    const AdamWScalars<T, Step> sc = scalars();
     const T p = leaves.p[k][i];
-    const T u = adamw_element(adam, leaves.g[k][i], p, leaves.mu_in[k][i], leaves.nu_in[k][i], correction[0], correction[1],
-                              leaves.decay[k] && weight_decay != 0.0, C(weight_decay), step ? C(step[0]) : C(scale),
-                              leaves.mu_out[k][i], leaves.nu_out[k][i]);
+    const T u = adamw_element(adam, leaves.g[k][i], p, leaves.mu_in[k][i], leaves.nu_in[k][i], sc.c1, sc.c2,
+                              leaves.decay[k] && weight_decay != 0.0, C(weight_decay), sc.scale, leaves.mu_out[k][i], leaves.nu_out[k][i]);
     leaves.update[k][i] = u;
     leaves.applied[k][i] = applied(p, u);
+    if (flat == 0) write_counts();
   }
 };
 
 /// Elements [0, n) of leaf k split among the threads of the enclosing parallel region: adamw_element as
 /// a loop over restrict pointers and local constants, which the compiler vectorises (CPU).
-template <class T>
-void fused_adamw_cpu_leaf(const FusedAdamWFn<T>& f, int k) {
+template <class T, class Step>
+void fused_adamw_cpu_leaf(const FusedAdamWFn<T, Step>& f, const AdamWScalars<T, Step>& sc, int k) {
   using C = compute_t<T>;
   const AdamWLeaves<T>& l = f.leaves;
   const std::int64_t n = l.offset[k + 1] - l.offset[k];
@@ -142,8 +192,7 @@ void fused_adamw_cpu_leaf(const FusedAdamWFn<T>& f, int k) {
   T* __restrict update = l.update[k];
   T* __restrict out = l.applied[k];
   const AdamMath<T> adam = f.adam;
-  const C c1 = f.correction[0], c2 = f.correction[1], wd = C(f.weight_decay);
-  const C scale = f.step ? C(f.step[0]) : C(f.scale);
+  const C c1 = sc.c1, c2 = sc.c2, wd = C(f.weight_decay), scale = sc.scale;
   const bool decay = l.decay[k] && f.weight_decay != 0.0;
 #pragma omp for simd schedule(static) nowait
   for (std::int64_t i = 0; i < n; ++i) {
@@ -172,16 +221,18 @@ std::pair<Params, State> fused_adamw_update(const ScaleByAdam& adam, const AddDe
   const auto& adam_state = std::get<0>(state);
   State next = state;
   auto& adam_next = std::get<0>(next);
-  adam_next.count = increment(adam_state.count);
-  BiasCorrections<D> corrections(adam_next.count, adam.b1, adam.b2);
-  Tensor<double, D> step;
-  double scale = 0.0;
-  if constexpr (std::is_same_v<LR, Scale>) {
-    scale = lr.step_size;
-  } else {
-    step = eval_schedule(lr.schedule, std::get<2>(state).count, lr.sign);
-    std::get<2>(next).count = increment(std::get<2>(state).count);
+  // The counts after the update are written by the pass itself (the first launch's element 0).
+  adam_next.count = Tensor<std::int32_t, D>(Shape{});
+  const std::int32_t* lr_count_in = nullptr;
+  std::int32_t* lr_count_out = nullptr;
+  using Step = typename StepOf<LR>::type;
+  const Step step_fn = StepOf<LR>::make(lr);
+  if constexpr (!std::is_same_v<LR, Scale>) {
+    std::get<2>(next).count = Tensor<std::int32_t, D>(Shape{});
+    lr_count_in = std::get<2>(state).count.data();
+    lr_count_out = std::get<2>(next).count.data();
   }
+  bool counts_written = false;
   bool given = true;  // as add_decayed_weights checks, whatever the decay
   tree_for_each([&](const std::string&, const auto& p) { given = given && p.defined(); }, params);
   TG_CHECK(given, "add_decayed_weights", "needs the parameters: pass them as update()'s third argument");
@@ -190,14 +241,19 @@ std::pair<Params, State> fused_adamw_update(const ScaleByAdam& adam, const AddDe
   // Leaves grouped by dtype, 32 per launch.
   auto run = [&]<class T>(AdamWLeaves<T>& batch) {
     if (batch.n == 0) return;
-    const FusedAdamWFn<T> fn{batch, corrections.template get<compute_t<T>>(), step.defined() ? step.data() : nullptr, scale,
-                             {adam.b1, adam.b2, adam.eps, adam.eps_root}, decay.weight_decay};
+    const bool first = !counts_written;
+    counts_written = true;
+    const FusedAdamWFn<T, Step> fn{batch, adam_state.count.data(), first ? adam_next.count.data() : nullptr, lr_count_in,
+                                   first ? lr_count_out : nullptr, step_fn, {adam.b1, adam.b2, adam.eps, adam.eps_root},
+                                   adam.b1, adam.b2, decay.weight_decay};
     if constexpr (std::is_same_v<D, Cpu>) {
       // One parallel region over all leaves, each leaf's elements split among the threads: contiguous,
-      // vectorisable loops and no per-leaf thread start-up.
+      // vectorisable loops and no per-leaf thread start-up. The scalars once, the counts last.
       ::tg::detail::cpu_kernel([fn] {
+        const AdamWScalars<T, Step> sc = fn.scalars();
 #pragma omp parallel
-        for (int k = 0; k < fn.leaves.n; ++k) fused_adamw_cpu_leaf(fn, k);
+        for (int k = 0; k < fn.leaves.n; ++k) fused_adamw_cpu_leaf(fn, sc, k);
+        fn.write_counts();
       });
     } else {
       ::tg::detail::index_map<D>(batch.offset[batch.n], fn);
@@ -223,6 +279,10 @@ std::pair<Params, State> fused_adamw_update(const ScaleByAdam& adam, const AddDe
     }
   }, out, adam_next.mu, adam_next.nu, updates, params, adam_state.mu, adam_state.nu);
   std::apply([&](auto&... batch) { (run(batch), ...); }, batches);
+  if (!counts_written) {  // no floating leaf: only the counts move
+    adam_next.count = increment(adam_state.count);
+    if constexpr (!std::is_same_v<LR, Scale>) std::get<2>(next).count = increment(std::get<2>(state).count);
+  }
   return {out, next};
 }
 
