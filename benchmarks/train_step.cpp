@@ -6,7 +6,9 @@
 // min-max over several runs after warm-up (each run ends with the device synchronised), the ratios to the
 // floor, peak memory, and writes JSON. The modes' runs are interleaved. Built by g++ as bench_train_step and by nvcc as
 // bench_train_step_cuda (this file, included by train_step_cuda.cu).
-//   bench_train_step [--batch N] [--runs R] [--steps S] [--json path] [--sweep] [--threads-sweep] [--keep-denormals]
+//   bench_train_step [--batch N] [--runs R] [--steps S] [--json path] [--sweep] [--threads-sweep] [--keep-denormals] [--tf32]
+// On CUDA it also reports the graph floor (the 8 GEMMs in one CUDA graph), the kernels per compiled step
+// (the nodes of its graph) and, with --tf32, the compiled f32 step with TF32 allowed.
 // On the CPU, subnormal floats are flushed to zero (tg::cpu::FlushDenormals, as XLA computes) unless
 // --keep-denormals is given.
 #include <tapegrad/tapegrad.hpp>
@@ -116,6 +118,7 @@ struct Stats {
 struct Mode {
   std::string name;
   std::function<Tensor()> step;
+  std::function<std::size_t()> kernels = {};  // per step, for the compiled modes: CPU kernels or CUDA graph nodes
 };
 
 /// Runs each mode's step `warmup` times, then `runs` rounds in which every mode runs `steps` steps in
@@ -177,6 +180,32 @@ struct GemmFloor {
     return {};
   }
   static std::string name() { return "GEMM floor (cuBLASLt f32)"; }
+};
+
+/// The same 8 GEMMs captured once in one CUDA graph and replayed: the floor without 8 launches per step
+/// (the compiled step is one graph launch too, so this is the fair floor at small batches).
+struct GraphFloor {
+  GemmFloor gemms;
+  cudaGraphExec_t exec = nullptr;
+  GraphFloor(const Sizes& s) : gemms(s, false) {
+    gemms.run();  // plans and workspace made outside the capture
+    tg::cuda::synchronize();
+    cudaGraph_t graph = nullptr;
+    TG_CUDA_CHECK(cudaStreamBeginCapture(tg::cuda::stream(), cudaStreamCaptureModeThreadLocal));
+    gemms.run();
+    TG_CUDA_CHECK(cudaStreamEndCapture(tg::cuda::stream(), &graph));
+    TG_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    (void)cudaGraphDestroy(graph);
+  }
+  ~GraphFloor() {
+    if (exec) (void)cudaGraphExecDestroy(exec);
+  }
+  GraphFloor(const GraphFloor&) = delete;
+  GraphFloor& operator=(const GraphFloor&) = delete;
+  Tensor run() {
+    TG_CUDA_CHECK(cudaGraphLaunch(exec, tg::cuda::stream()));
+    return {};
+  }
 };
 #else
 /// The step's 8 GEMMs through oneDNN's own API (primitives and memory created once).
@@ -247,20 +276,22 @@ std::function<Tensor()> eager(Mlp<float> params, const Tensor& x, const Labels& 
 }
 
 template <class C>
-std::function<Tensor()> compiled(Mlp<float> params, const Tensor& x, const Labels& y) {
+Mode compiled(const std::string& name, Mlp<float> params, const Tensor& x, const Labels& y) {
   auto state = std::make_shared<OptState>(optimizer.init(params));
   auto p = std::make_shared<Mlp<float>>(std::move(params));
   auto step = std::make_shared<tg::Compiled<decltype(&train_step<C>)>>(tg::compile(&train_step<C>));
-  return [p, state, step, x, y]() {
-    auto [next_params, next_state, value] = (*step)(std::move(*p), std::move(*state), x, y);  // donated
-    *p = std::move(next_params), *state = std::move(next_state);
-    return value;
-  };
+  return {name,
+          [p, state, step, x, y]() {
+            auto [next_params, next_state, value] = (*step)(std::move(*p), std::move(*state), x, y);  // donated
+            *p = std::move(next_params), *state = std::move(next_state);
+            return value;
+          },
+          [step] { return step->kernels(); }};
 }
 
 /// The codelab's AdamW loop: the compiled codelab_step over the batches in turn, its metrics read on the
 /// host every 25 steps (as the codelab logs them), which also synchronises.
-std::function<Tensor()> codelab_loop(Mlp<float> params, const std::vector<Tensor>& xs, const std::vector<Labels>& ys) {
+Mode codelab_loop(Mlp<float> params, const std::vector<Tensor>& xs, const std::vector<Labels>& ys) {
   struct Loop {
     Mlp<float> params;
     OptState state;
@@ -269,17 +300,22 @@ std::function<Tensor()> codelab_loop(Mlp<float> params, const std::vector<Tensor
     double logged = 0;
   };
   auto loop = std::make_shared<Loop>(Loop{params, optimizer.init(params)});
-  return [loop, xs, ys]() {
-    Loop& l = *loop;
-    const std::size_t b = l.i % xs.size();
-    auto [p, s, metrics] = l.step(std::move(l.params), std::move(l.state), xs[b], ys[b]);
-    l.params = std::move(p), l.state = std::move(s);
-    if (++l.i % 25 == 0) l.logged += metrics.loss.item() + metrics.accuracy.item();
-    return metrics.loss;
-  };
+  return {"codelab loop f32",
+          [loop, xs, ys]() {
+            Loop& l = *loop;
+            const std::size_t b = l.i % xs.size();
+            auto [p, s, metrics] = l.step(std::move(l.params), std::move(l.state), xs[b], ys[b]);
+            l.params = std::move(p), l.state = std::move(s);
+            if (++l.i % 25 == 0) l.logged += metrics.loss.item() + metrics.accuracy.item();
+            return metrics.loss;
+          },
+          [loop] { return loop->step.kernels(); }};
 }
 
-std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes) {
+struct Row;
+void print_kernels(const std::vector<Mode>& modes);
+
+std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes, bool tf32 = false) {
   const auto x = tg::random::uniform<float, Dev>(tg::random::key(2), {s.batch, s.in});
   std::vector<std::int32_t> labels(static_cast<std::size_t>(s.batch));
   for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(s.out));
@@ -287,9 +323,20 @@ std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes) 
   const int threads = omp_get_max_threads();
   GemmFloor floor(s, false);
   std::vector<Mode> modes{{GemmFloor::name(), [&] { return floor.run(); }}};
+#if defined(TG_BENCH_CUDA)
+  GraphFloor graph_floor(s);
+  modes.push_back({"graph floor (8 GEMMs, 1 graph)", [&] { return graph_floor.run(); }});
+#endif
   if (all_modes) modes.push_back({"eager f32", eager<float>(init(s), x, y)});
-  modes.push_back({"compiled f32", compiled<float>(init(s), x, y)});
-  if (all_modes) modes.push_back({"compiled bf16 compute", compiled<tg::bf16>(init(s), x, y)});
+  modes.push_back(compiled<float>("compiled f32", init(s), x, y));
+  if (all_modes) modes.push_back(compiled<tg::bf16>("compiled bf16 compute", init(s), x, y));
+  if (tf32) {
+    // TF32 tensor cores for the f32 GEMMs (opt-in; f32 stays the default): recorded with TF32 allowed.
+    tg::set_allow_tf32(true);
+    modes.push_back(compiled<float>("compiled f32, TF32 allowed", init(s), x, y));
+    (void)modes.back().step();
+    tg::set_allow_tf32(false);
+  }
   if (all_modes) {
     // Eight batches in turn, as a training loop feeds them (the other modes repeat one batch).
     std::vector<Tensor> xs;
@@ -298,12 +345,21 @@ std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes) 
       xs.push_back(tg::random::uniform<float, Dev>(tg::random::key(100 + b), {s.batch, s.in}));
       ys.push_back(y);
     }
-    modes.push_back({"codelab loop f32", codelab_loop(init(s), xs, ys)});
+    modes.push_back(codelab_loop(init(s), xs, ys));
   }
   const std::vector<Stats> stats = measure(modes, s.batch, runs, steps);
+  if (all_modes) print_kernels(modes);
   std::vector<Row> rows;
   for (std::size_t m = 0; m < modes.size(); ++m) rows.push_back({modes[m].name, s, threads, stats[m], stats[m].median / stats[0].median});
   return rows;
+}
+
+/// Kernels per step of the compiled modes (CPU: the plan's kernels; CUDA: the nodes of the step's graph).
+void print_kernels(const std::vector<Mode>& modes) {
+  std::string line;
+  for (const Mode& m : modes)
+    if (m.kernels) line += (line.empty() ? "" : ", ") + m.name + " " + std::to_string(m.kernels());
+  if (!line.empty()) std::printf("  kernels per step: %s\n", line.c_str());
 }
 
 void print(const std::vector<Row>& rows) {
@@ -321,7 +377,7 @@ int main(int argc, char** argv) {
   // recovers from the one before it (caches, threads), 15-20% below the steady state here.
   int runs = 7, steps = 100;
   std::string json_path = "train_step.json";
-  bool sweep = false, threads_sweep = false, keep_denormals = false;
+  bool sweep = false, threads_sweep = false, keep_denormals = false, tf32 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -335,8 +391,9 @@ int main(int argc, char** argv) {
     else if (a == "--sweep") sweep = true;
     else if (a == "--threads-sweep") threads_sweep = true;
     else if (a == "--keep-denormals") keep_denormals = true;
+    else if (a == "--tf32") tf32 = true;
     else {
-      std::fprintf(stderr, "usage: bench_train_step [--batch N] [--runs R] [--steps S] [--json path] [--sweep] [--threads-sweep] [--keep-denormals]\n");
+      std::fprintf(stderr, "usage: bench_train_step [--batch N] [--runs R] [--steps S] [--json path] [--sweep] [--threads-sweep] [--keep-denormals] [--tf32]\n");
       return 2;
     }
   }
@@ -358,7 +415,11 @@ int main(int argc, char** argv) {
 #endif
   std::printf("step: 784-%lld-%lld-10 GELU MLP, softmax cross-entropy, adamw(3e-3, wd 1e-4) (chain, run fused); median of %d runs x %d steps\n",
               static_cast<long long>(sizes.h1), static_cast<long long>(sizes.h2), runs, steps);
-  std::vector<Row> all = run_modes(sizes, runs, steps, true);
+#if !defined(TG_BENCH_CUDA)
+  if (tf32) std::printf("--tf32: the CPU has no TF32; no such row here\n");
+  tf32 = false;
+#endif
+  std::vector<Row> all = run_modes(sizes, runs, steps, true, tf32);
   print(all);
   const auto ratio = [&](const char* a, const char* b) {
     double x = 0, y = 0;

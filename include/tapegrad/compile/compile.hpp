@@ -52,6 +52,7 @@ struct Plan {
   /// The CUDA plan: a cudaGraphExec_t, destroyed by the deleter it was made with (held type-erased so
   /// that Plan's layout and destructor are the same with and without TG_WITH_CUDA).
   std::shared_ptr<void> graph;
+  std::size_t graph_nodes = 0;  // kernels and copies in the CUDA graph
   std::unordered_map<const Storage<D>*, std::size_t> index;
 
   Plan() = default;
@@ -80,10 +81,13 @@ struct Plan {
 
 struct PlanBase {
   virtual ~PlanBase() = default;
+  /// The work one replay runs: the CPU plan's kernels, or the CUDA graph's nodes.
+  virtual std::size_t kernels() const = 0;
 };
 
 template <Device D, class Out>
 struct PlanFor : PlanBase {
+  std::size_t kernels() const override { return std::is_same_v<D, Cpu> ? plan.kernels.size() : plan.graph_nodes; }
   Plan<D> plan;
   Out prototype;  // the output tree with its tensor leaves undefined; filled from the buffers per call
 };
@@ -150,16 +154,24 @@ class Compiled {
     if (it == plans_.end()) {
       auto entry = std::make_unique<detail::PlanFor<D, Out>>();
       Out out = record<D, Out>(*entry, std::move(held));
+      last_ = entry.get();
       plans_.emplace(key, std::move(entry));
       return out;
     }
+    last_ = it->second.get();
     return replay<D, Out>(static_cast<detail::PlanFor<D, Out>&>(*it->second), std::move(held));
   }
 
   /// How many shape signatures have been recorded (jax's jitted._cache_size()).
   std::size_t recordings() const { return plans_.size(); }
+  /// How much work one replay of the most recent recording runs: its CPU kernels, or on CUDA the nodes
+  /// (kernels and copies) of its graph. 0 before the first call.
+  std::size_t kernels() const { return last_ ? last_->kernels() : 0; }
   /// Drops every recording and the buffers they hold.
-  void clear() { plans_.clear(); }
+  void clear() {
+    plans_.clear();
+    last_ = nullptr;
+  }
 
  private:
   template <class D, class Out, class Held>
@@ -348,6 +360,8 @@ class Compiled {
       throw;
     }
     TG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    std::size_t nodes = 0;
+    if (cudaGraphGetNodes(graph, nullptr, &nodes) == cudaSuccess) plan.graph_nodes = nodes;
     cudaGraphExec_t exec = nullptr;
     const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
     (void)cudaGraphDestroy(graph);
@@ -401,6 +415,7 @@ class Compiled {
 
   F f_;
   std::map<std::string, std::unique_ptr<detail::PlanBase>> plans_;
+  const detail::PlanBase* last_ = nullptr;
 };
 
 /// The jit of this library: `auto step = tg::compile(train_step);`. The step must be a function of its
