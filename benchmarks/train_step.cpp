@@ -312,8 +312,13 @@ Mode codelab_loop(Mlp<float> params, const std::vector<Tensor>& xs, const std::v
           [loop] { return loop->step.kernels(); }};
 }
 
-struct Row;
-void print_kernels(const std::vector<Mode>& modes);
+/// Kernels per step of the compiled modes (CPU: the plan's kernels; CUDA: the nodes of the step's graph).
+void print_kernels(const std::vector<Mode>& modes) {
+  std::string line;
+  for (const Mode& m : modes)
+    if (m.kernels) line += (line.empty() ? "" : ", ") + m.name + " " + std::to_string(m.kernels());
+  if (!line.empty()) std::printf("  kernels per step: %s\n", line.c_str());
+}
 
 std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes, bool tf32 = false) {
   const auto x = tg::random::uniform<float, Dev>(tg::random::key(2), {s.batch, s.in});
@@ -352,14 +357,6 @@ std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes, 
   std::vector<Row> rows;
   for (std::size_t m = 0; m < modes.size(); ++m) rows.push_back({modes[m].name, s, threads, stats[m], stats[m].median / stats[0].median});
   return rows;
-}
-
-/// Kernels per step of the compiled modes (CPU: the plan's kernels; CUDA: the nodes of the step's graph).
-void print_kernels(const std::vector<Mode>& modes) {
-  std::string line;
-  for (const Mode& m : modes)
-    if (m.kernels) line += (line.empty() ? "" : ", ") + m.name + " " + std::to_string(m.kernels());
-  if (!line.empty()) std::printf("  kernels per step: %s\n", line.c_str());
 }
 
 void print(const std::vector<Row>& rows) {

@@ -393,7 +393,6 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
     }
 
     fm::Progress progress("training", c.steps, c.quiet);
-    const int warmup = 0;  // the step before the loop recorded the compiled step
     clock_type::time_point t0 = clock_type::now();
     std::string status;
     codelab::train_loop(step_main, params, state, train, first_step, c.steps, c.log_every, [&](int at, const Metrics<D>& m, bool log) {
@@ -413,7 +412,7 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
       }
       progress.update(at, status, log);
     });
-    const int timed = c.steps - first_step + 1 - warmup;
+    const int timed = c.steps - first_step + 1;  // the step before the loop recorded the compiled step
     // Global examples: c.batch per step over all ranks together.
     adamw_eps = timed > 0 ? static_cast<double>(timed) * static_cast<double>(c.batch) / seconds_since(t0) : 0.0;  // the last log synchronised
     fm::Table hist{"history", {"step", "loss", "batch accuracy", "gradient norm"}, {}};

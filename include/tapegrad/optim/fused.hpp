@@ -96,17 +96,11 @@ TG_HD T applied(T p, T u) {
   return ::tg::detail::convert_to<T>(::tg::detail::convert_from<C>(p) + ::tg::detail::convert_from<C>(u));
 }
 
-/// The learning rate inside the fused pass: Scale's constant step size (-lr), or sign * schedule(count)
-/// at the schedule's count before the update (scale_by_schedule's value), as a double.
+/// The learning rate inside the fused pass: Scale's constant step size (-lr), or a schedule's value at
+/// its count before the update (ScheduleAt, as scale_by_schedule evaluates it), as a double.
 struct ConstantStep {
   double step_size;
   TG_HD double operator()(std::int64_t) const { return step_size; }
-};
-template <class S>
-struct ScheduledStep {
-  S schedule;
-  double sign;
-  TG_HD double operator()(std::int64_t count) const { return sign * schedule(count); }
 };
 
 /// The fused pass's learning-rate step for adamw's last atom.
@@ -116,7 +110,7 @@ template <> struct StepOf<Scale> {
   static type make(const Scale& lr) { return {lr.step_size}; }
 };
 template <class S> struct StepOf<ScaleBySchedule<S>> {
-  using type = ScheduledStep<S>;
+  using type = ScheduleAt<S>;
   static type make(const ScaleBySchedule<S>& lr) { return {lr.schedule, lr.sign}; }
 };
 
@@ -129,8 +123,8 @@ struct AdamWScalars {
   TG_HD static AdamWScalars at(std::int32_t count, std::int32_t lr_count, double b1, double b2, const Step& step) {
     using C = compute_t<T>;
     const std::int32_t next = SafeIncrement{}(count);
-    // As BiasCorrectionFn and scale_by_schedule compute them: 1 - decay^count in C, the step as a double.
-    return {C(1) - math::pow(C(b1), C(next)), C(1) - math::pow(C(b2), C(next)), C(step(static_cast<std::int64_t>(lr_count)))};
+    // As scale_by_adam and scale_by_schedule compute them.
+    return {bias_correction<C>(b1, next), bias_correction<C>(b2, next), C(step(static_cast<std::int64_t>(lr_count)))};
   }
 };
 
@@ -233,9 +227,7 @@ std::pair<Params, State> fused_adamw_update(const ScaleByAdam& adam, const AddDe
     lr_count_out = std::get<2>(next).count.data();
   }
   bool counts_written = false;
-  bool given = true;  // as add_decayed_weights checks, whatever the decay
-  tree_for_each([&](const std::string&, const auto& p) { given = given && p.defined(); }, params);
-  TG_CHECK(given, "add_decayed_weights", "needs the parameters: pass them as update()'s third argument");
+  require_params(params);  // as add_decayed_weights checks, whatever the decay
   const auto selected = mask_predicate(decay.mask);
   Params out = updates;
   // Leaves grouped by dtype, 32 per launch.
@@ -260,6 +252,7 @@ std::pair<Params, State> fused_adamw_update(const ScaleByAdam& adam, const AddDe
     }
     batch = AdamWLeaves<T>{};
   };
+  std::erase_if(applied_updates, [](const AppliedUpdate& e) { return e.update.expired(); });  // updates that are gone
   std::tuple<AdamWLeaves<float>, AdamWLeaves<double>, AdamWLeaves<bf16>> batches;
   tree_for_each([&](const std::string& path, auto& o, auto& mu, auto& nu, const auto& g, const auto& p, const auto& mu0, const auto& nu0) {
     using L = std::remove_cvref_t<decltype(o)>;
@@ -270,7 +263,6 @@ std::pair<Params, State> fused_adamw_update(const ScaleByAdam& adam, const AddDe
       const int k = batch.n++;
       batch.g[k] = g.data(), batch.p[k] = p.data(), batch.mu_in[k] = mu0.data(), batch.nu_in[k] = nu0.data();
       batch.mu_out[k] = m.data(), batch.nu_out[k] = v.data(), batch.update[k] = u.data(), batch.applied[k] = applied.data();
-      take_applied(p, u);  // drops entries of updates that are gone
       applied_updates.push_back({u.storage(), p.storage(), applied});
       batch.decay[k] = decay.weight_decay != 0.0 && selected(path);
       batch.offset[k + 1] = batch.offset[k] + g.size();

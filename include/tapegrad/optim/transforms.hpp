@@ -87,16 +87,22 @@ struct AdamMath {
   }
 };
 
-/// The bias corrections 1 - b1^count and 1 - b2^count, computed once per update on the device (in the
-/// compute type, as Optax computes decay**count in the moments' dtype).
+/// Adam's bias correction 1 - decay^count for the incremented count, in the compute type C (as Optax
+/// computes decay**count in the moments' dtype).
+template <class C>
+TG_HD C bias_correction(double decay, std::int32_t count) {
+  return C(1) - math::pow(C(decay), C(count));
+}
+
+/// Both bias corrections, computed once per update on the device.
 template <class C>
 struct BiasCorrectionFn {
   const std::int32_t* count;  // already incremented
   double b1, b2;
   C* out;  // [2]
   TG_HD void operator()(std::int64_t) const {
-    out[0] = C(1) - math::pow(C(b1), C(count[0]));
-    out[1] = C(1) - math::pow(C(b2), C(count[0]));
+    out[0] = bias_correction<C>(b1, count[0]);
+    out[1] = bias_correction<C>(b2, count[0]);
   }
 };
 
@@ -165,6 +171,14 @@ Leaf scale_by_device_scalar(const Leaf& g, const Tensor<double, typename Leaf::d
     using C = typename std::remove_cvref_t<decltype(gc)>::value_type;
     return mul(gc, cast<C>(step));
   }, g);
+}
+
+/// add_decayed_weights needs the parameters: every leaf defined, else an error saying so.
+template <class Params>
+void require_params(const Params& params) {
+  bool given = true;
+  tree_for_each([&](const std::string&, const auto& p) { given = given && p.defined(); }, params);
+  TG_CHECK(given, "add_decayed_weights", "needs the parameters: pass them as update()'s third argument");
 }
 
 /// Which leaves a mask selects: a predicate on the leaf path, or a pytree with the parameters' field
@@ -263,7 +277,7 @@ struct AddDecayedWeights {
   template <class Params> EmptyState init(const Params&) const { return {}; }
   template <class Params>
   std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params& params) const {
-    TG_CHECK(params_given(params), "add_decayed_weights", "needs the parameters: pass them as update()'s third argument");
+    detail::require_params(params);
     if (weight_decay == 0.0) return {updates, {}};  // optax skips a zero constant
     const auto selected = detail::mask_predicate(mask);
     Params out = updates;
@@ -273,14 +287,6 @@ struct AddDecayedWeights {
       }
     }, out, params);
     return {out, {}};
-  }
-
- private:
-  template <class Params>
-  static bool params_given(const Params& params) {
-    bool ok = true;
-    tree_for_each([&](const std::string&, const auto& p) { ok = ok && p.defined(); }, params);
-    return ok;
   }
 };
 
