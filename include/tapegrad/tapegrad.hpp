@@ -16,6 +16,7 @@
 #include "tapegrad/random/threefry.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/functors.hpp"
+#include "tapegrad/ops/indexing.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/nn.hpp"
 #include "tapegrad/ops/reduce.hpp"

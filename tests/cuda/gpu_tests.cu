@@ -3,6 +3,7 @@
 #include "../test_tensor.cpp"
 #include "../test_random.cpp"
 #include "../test_ops.cpp"
+#include "../test_transformer_ops.cpp"
 #include "../test_autodiff.cpp"
 #include "../test_optim.cpp"
 #include "../test_compile.cpp"

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/backend/cpu/onednn.hpp"
@@ -287,10 +288,100 @@ void linear_input_gradient(Tape& t, const Trace& x, const Tensor<T, D>& dz, cons
 
 }  // namespace detail
 
-/// op(a) @ op(b) for 2-d a, b: a (m, k) [stored (k, m) when transpose_a], b (k, n) [stored (n, k) when
-/// transpose_b] -> (m, n). bf16 inputs accumulate in f32 and round the result once.
+namespace detail {
+
+/// Strided-batched GEMM of 3-d operands with one batch size: c[i] = op(a[i]) op(b[i]) -> (batch, m, n),
+/// shapes checked by the caller. oneDNN's batched matmul on the CPU (a loop of gemm_f64 in double),
+/// cuBLASLt's strided batch on CUDA.
+template <class T, class D>
+Tensor<T, D> batched_gemm(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb) {
+  const std::int64_t batch = a.dim(0);
+  const GemmDims g{ta ? a.dim(2) : a.dim(1), tb ? b.dim(1) : b.dim(2), ta ? a.dim(1) : a.dim(2)};
+  Tensor<T, D> c(Shape{batch, g.m, g.n});
+  if (c.size() == 0) return c;
+  if (g.k == 0) return zeros<T, D>(c.shape());
+  if constexpr (std::is_same_v<D, Cpu>) {
+    if constexpr (std::is_same_v<T, double>) {
+      cpu_kernel([g, batch, pa = a.data(), pb = b.data(), pc = c.data(), ta, tb] {
+        for (std::int64_t i = 0; i < batch; ++i) gemm_f64(g, pa + i * g.m * g.k, pb + i * g.k * g.n, pc + i * g.m * g.n, ta, tb);
+      });
+    } else {
+      auto& dnn = cpu::OneDnn::instance();
+      if constexpr (std::is_same_v<T, bf16>) {
+        if (!dnn.bf16_supported()) return cast<bf16>(batched_gemm(cast<float>(a), cast<float>(b), ta, tb));
+      }
+      const cpu::GemmShape s{g.m, g.n, g.k, ta, tb, std::is_same_v<T, bf16> ? cpu::GemmType::bf16 : cpu::GemmType::f32, false, {}, batch};
+      cpu_kernel([&dnn, s, pa = a.data(), pb = b.data(), pc = c.data()] { dnn.gemm(s, pa, pb, nullptr, pc); });
+    }
+  } else {
+#if defined(TG_WITH_CUDA)
+    // The row-major swap of lt_problem, batch by batch: cuBLASLt's A is our b, its B our a.
+    cuda::LtGemm p = lt_problem<T>(g, ta, tb, cuda::Epilogue::none);
+    p.batch = batch, p.stride_a = g.k * g.n, p.stride_b = g.m * g.k, p.stride_d = g.m * g.n;
+    TG_CHECK(cuda::Lt::instance().matmul(p, b.data(), a.data(), c.data()), "matmul", "cuBLASLt found no algorithm for ", batch,
+             " x (", g.m, ", ", g.k, ") @ (", g.k, ", ", g.n, ") in ", dtype_name<T>);
+#else
+    cuda::require_device("matmul");
+#endif
+  }
+  return c;
+}
+
+/// batched_gemm as a differentiable op: the cotangents are batched GEMMs too.
+template <FloatElement T, Device D>
+Tensor<T, D> bmm(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb) {
+  Tensor<T, D> c = batched_gemm(a, b, ta, tb);
+  if (recording(a, b)) {
+    record(c, {a.trace(), b.trace()}, [xa = a.trace(), xb = b.trace(), a0 = a.untraced(), b0 = b.untraced(), ta, tb](
+                                          Tape& t, const Tensor<T, D>& dc) {
+      if (t.owns(xa)) t.accumulate(xa, ta ? bmm(b0, dc, tb, true) : bmm(dc, b0, false, !tb));
+      if (t.owns(xb)) t.accumulate(xb, tb ? bmm(dc, a0, true, ta) : bmm(a0, dc, !ta, false));
+    });
+  }
+  return c;
+}
+
+/// matmul of operands of rank >= 2 with NumPy's broadcasting over the leading (batch) dimensions.
+template <FloatElement T, Device D>
+Tensor<T, D> matmul_nd(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb) {
+  check_defined(a, "matmul");
+  check_defined(b, "matmul");
+  TG_CHECK(a.rank() >= 2 && b.rank() >= 2, "matmul", "needs operands of rank >= 2, got ", a.shape().str(), " @ ", b.shape().str(),
+           "; reshape a vector to (1, k) or (k, 1)");
+  const std::int64_t ka = ta ? a.dim(-2) : a.dim(-1), kb = tb ? b.dim(-1) : b.dim(-2);
+  TG_CHECK(ka == kb, "matmul", "inner dims differ: ", a.shape().str(), ta ? "^T" : "", " @ ", b.shape().str(), tb ? "^T" : "",
+           " (", ka, " vs ", kb, "; the last two axes are the matrices)");
+  const std::int64_t m = ta ? a.dim(-1) : a.dim(-2), n = tb ? b.dim(-2) : b.dim(-1);
+  auto leading = [](const Shape& s) { return Shape(s.dims().first(static_cast<std::size_t>(s.rank() - 2))); };
+  const Shape batch = broadcast_shapes(leading(a.shape()), leading(b.shape()), "matmul");
+  auto with = [&](std::int64_t r, std::int64_t c) {
+    std::vector<std::int64_t> dims(batch.dims().begin(), batch.dims().end());
+    dims.push_back(r), dims.push_back(c);
+    TG_CHECK(dims.size() <= static_cast<std::size_t>(Shape::max_rank), "matmul", "the result of ", a.shape().str(), " @ ",
+             b.shape().str(), " would have rank ", dims.size(), " (at most ", Shape::max_rank, ")");
+    return Shape(std::span<const std::int64_t>(dims));
+  };
+  const Shape out = with(m, n);
+  // (..., m, k) @ (k, n): the batch folds into the rows of one 2-d GEMM.
+  if (b.rank() == 2 && !ta && m > 0) return matmul(a.reshape({-1, a.dim(-1)}), b, false, tb).reshape(out);
+  auto full = [&](const Tensor<T, D>& x) {
+    const Shape s = with(x.dim(-2), x.dim(-1));
+    return x.shape() == s ? x : broadcast_to(x, s);
+  };
+  const Tensor<T, D> af = full(a), bf = full(b);
+  const std::int64_t nb = batch.numel();
+  return bmm(af.reshape(Shape{nb, af.dim(-2), af.dim(-1)}), bf.reshape(Shape{nb, bf.dim(-2), bf.dim(-1)}), ta, tb).reshape(out);
+}
+
+}  // namespace detail
+
+/// op(a) @ op(b), as jnp.matmul: for 2-d a (m, k) [stored (k, m) when transpose_a] and b (k, n) [stored
+/// (n, k) when transpose_b] -> (m, n); for higher ranks the last two axes are the matrices and the
+/// leading ones broadcast as NumPy's (a batched GEMM). bf16 inputs accumulate in f32 and round the result
+/// once.
 template <FloatElement T, Device D>
 Tensor<T, D> matmul(const Tensor<T, D>& a, const Tensor<T, D>& b, bool transpose_a = false, bool transpose_b = false) {
+  if (a.rank() != 2 || b.rank() != 2) return detail::matmul_nd(a, b, transpose_a, transpose_b);
   Tensor<T, D> c = detail::gemm(a.untraced(), b.untraced(), transpose_a, transpose_b, nullptr, Activation::none, nullptr, "matmul");
   if (detail::recording(a, b)) {
     // C = op(A) op(B): dA = dC op(B)^T (transposed back if A was), dB = op(A)^T dC (likewise).

@@ -1,4 +1,5 @@
-// Neural-network ops: the fused, stable softmax cross-entropy with integer labels, accuracy, one_hot.
+// Neural-network ops: the fused, stable softmax cross-entropy with integer labels, accuracy, one_hot,
+// layer_norm (one fused kernel each way) and dropout (its mask recomputed from the key, never stored).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/reduce.hpp"
+#include "tapegrad/random/random.hpp"
 
 namespace tg::inline TG_ABI {
 
@@ -173,6 +175,180 @@ Tensor<T, D> one_hot(const Tensor<std::int32_t, D>& labels, std::int64_t num_cla
   Tensor<T, D> out{Shape(std::span<const std::int64_t>(dims))};
   detail::index_map<D>(out.size(), detail::OneHotFn<T>{labels.data(), out.data(), num_classes});
   return out;
+}
+
+namespace detail {
+
+/// layer_norm's forward on each row of (rows, n): mean and rstd = 1 / sqrt(var + eps) in the compute type
+/// (f32 for bf16; var two-pass, as the mean of squared deviations), y = (x - mean) rstd scale + bias.
+/// mean and rstd are kept for the backward pass.
+template <class T>
+struct LayerNormFn {
+  using C = compute_t<T>;
+  const T *x, *scale, *bias;
+  T* y;
+  C *mean, *rstd;
+  std::int64_t n;
+  C eps;
+  TG_HD void operator()(std::int64_t row) const {
+    const T* xr = x + row * n;
+    T* yr = y + row * n;
+    C s = C(0);
+    for (std::int64_t k = 0; k < n; ++k) s += convert_from<C>(xr[k]);
+    const C mu = s / C(n);
+    C v = C(0);
+    for (std::int64_t k = 0; k < n; ++k) {
+      const C d = convert_from<C>(xr[k]) - mu;
+      v += d * d;
+    }
+    const C r = C(1) / math::sqrt(v / C(n) + eps);
+    for (std::int64_t k = 0; k < n; ++k)
+      yr[k] = convert_to<T>((convert_from<C>(xr[k]) - mu) * r * convert_from<C>(scale[k]) + convert_from<C>(bias[k]));
+    mean[row] = mu, rstd[row] = r;
+  }
+};
+
+/// layer_norm's backward, one item per chunk of `chunk` rows: for each row, with xhat = (x - mean) rstd
+/// and g = dy scale, dx = rstd (g - mean(g) - xhat mean(g xhat)); and the chunk's partial sums of
+/// dy xhat (dscale) and dy (dbias), summed over the chunks afterwards in a fixed order (no atomics).
+template <class T>
+struct LayerNormBackwardFn {
+  using C = compute_t<T>;
+  const T *x, *scale, *dy;
+  const C *mean, *rstd;
+  T* dx;
+  C *dscale_partial, *dbias_partial;
+  std::int64_t rows, n, chunk;
+  TG_HD void operator()(std::int64_t c) const {
+    C* ps = dscale_partial + c * n;
+    C* pb = dbias_partial + c * n;
+    for (std::int64_t k = 0; k < n; ++k) ps[k] = C(0), pb[k] = C(0);
+    const std::int64_t end = (c + 1) * chunk < rows ? (c + 1) * chunk : rows;
+    for (std::int64_t row = c * chunk; row < end; ++row) {
+      const T* xr = x + row * n;
+      const T* dyr = dy + row * n;
+      const C mu = mean[row], r = rstd[row];
+      C sum_g = C(0), sum_gx = C(0);
+      for (std::int64_t k = 0; k < n; ++k) {
+        const C xhat = (convert_from<C>(xr[k]) - mu) * r, d = convert_from<C>(dyr[k]);
+        const C g = d * convert_from<C>(scale[k]);
+        sum_g += g, sum_gx += g * xhat;
+        ps[k] += d * xhat, pb[k] += d;
+      }
+      const C mg = sum_g / C(n), mgx = sum_gx / C(n);
+      T* dxr = dx + row * n;
+      for (std::int64_t k = 0; k < n; ++k) {
+        const C xhat = (convert_from<C>(xr[k]) - mu) * r;
+        dxr[k] = convert_to<T>(r * (convert_from<C>(dyr[k]) * convert_from<C>(scale[k]) - mg - xhat * mgx));
+      }
+    }
+  }
+};
+
+/// Rows per item of LayerNormBackwardFn: fixed, so the parameter gradients' summation order is too.
+inline constexpr std::int64_t layer_norm_chunk = 16;
+
+/// y = keep ? x / keep_prob : 0 with keep = uniform(key)[i] < keep_prob: jax.random.bernoulli's draw and
+/// flax's Dropout, element for element. The key comes from the host or from a device tensor (key_data).
+template <class T>
+struct DropoutFn {
+  const T* x;
+  T* y;
+  random::Key key;
+  const std::uint32_t* key_data;  ///< the key's two words on the device, or null for `key`
+  float keep_prob;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    const random::Key k = key_data != nullptr ? random::Key{key_data[0], key_data[1]} : key;
+    const bool kept = random::detail::unit_float(random::detail::bits32(k, static_cast<std::uint64_t>(i))) < keep_prob;
+    y[i] = kept ? convert_to<T>(convert_from<C>(x[i]) / static_cast<C>(keep_prob)) : convert_to<T>(0.0f);
+  }
+};
+
+template <FloatElement T, Device D>
+Tensor<T, D> dropout_impl(random::Key key, const Tensor<std::uint32_t, D>* key_data, const Tensor<T, D>& x, double rate) {
+  Tensor<T, D> y(x.shape());
+  const auto keep = static_cast<float>(1.0 - rate);
+  const std::uint32_t* kd = key_data ? key_data->data() : nullptr;
+  if (y.size() > 0) index_map<D>(y.size(), DropoutFn<T>{x.data(), y.data(), key, kd, keep});
+  if (recording(x)) {
+    // Linear in x: the cotangent goes through the same mask, drawn again from the key.
+    Tensor<std::uint32_t, D> kept_key = key_data ? *key_data : Tensor<std::uint32_t, D>{};
+    record(y, {x.trace()}, [in = x.trace(), key, kept_key, keep](Tape& t, const Tensor<T, D>& dy) {
+      Tensor<T, D> dx(dy.shape());
+      if (dx.size() > 0)
+        index_map<D>(dx.size(), DropoutFn<T>{dy.data(), dx.data(), key, kept_key.defined() ? kept_key.data() : nullptr, keep});
+      t.accumulate(in, dx);
+    });
+  }
+  return y;
+}
+
+inline void check_rate(double rate) {
+  TG_CHECK(rate >= 0.0 && rate < 1.0, "dropout", "rate must be in [0, 1), got ", rate);
+}
+
+}  // namespace detail
+
+/// Layer normalisation over the last axis, as flax.linen.LayerNorm: (x - mean) / sqrt(var + eps) * scale
+/// + bias, with scale and bias of shape (n,) for x (..., n). Statistics in f32 for bf16 inputs. One fused
+/// kernel forward; backward one fused kernel for dx and the chunked parameter sums, then their reduction.
+template <FloatElement T, Device D>
+Tensor<T, D> layer_norm(const Tensor<T, D>& x, const Tensor<T, D>& scale, const Tensor<T, D>& bias, double eps = 1e-6) {
+  using C = compute_t<T>;
+  const char* op = "layer_norm";
+  detail::check_defined(x, op), detail::check_defined(scale, op), detail::check_defined(bias, op);
+  TG_CHECK(x.rank() >= 1, op, "needs at least one axis, got a scalar");
+  const std::int64_t n = x.dim(-1);
+  TG_CHECK(scale.shape() == Shape{n} && bias.shape() == Shape{n}, op, "scale and bias must have shape (", n, ",) for x of shape ",
+           x.shape().str(), ", got ", scale.shape().str(), " and ", bias.shape().str());
+  TG_CHECK(eps > 0.0, op, "eps must be > 0, got ", eps);
+  const std::int64_t rows = n ? x.size() / n : 0;
+  Tensor<T, D> y(x.shape());
+  Tensor<C, D> mean(Shape{rows}), rstd(Shape{rows});
+  if (rows > 0 && n > 0)
+    detail::index_map<D>(rows, detail::LayerNormFn<T>{x.data(), scale.data(), bias.data(), y.data(), mean.data(), rstd.data(), n, static_cast<C>(eps)}, 8 * n);
+  if (detail::recording(x, scale, bias)) {
+    detail::record(y, {x.trace(), scale.trace(), bias.trace()},
+                   [tx = x.trace(), ts = scale.trace(), tb = bias.trace(), x0 = x.untraced(), s0 = scale.untraced(), mean, rstd, rows, n](
+                       detail::Tape& t, const Tensor<T, D>& dy) {
+                     const std::int64_t chunk = detail::layer_norm_chunk, chunks = (rows + chunk - 1) / chunk;
+                     Tensor<T, D> dx(x0.shape());
+                     Tensor<C, D> ps(Shape{chunks, n}), pb(Shape{chunks, n});
+                     if (chunks > 0 && n > 0)
+                       detail::index_map<D>(chunks, detail::LayerNormBackwardFn<T>{x0.data(), s0.data(), dy.data(), mean.data(), rstd.data(), dx.data(),
+                                                                                    ps.data(), pb.data(), rows, n, chunk}, 12 * chunk * n);
+                     t.accumulate(tx, dx);
+                     if (t.owns(ts)) t.accumulate(ts, detail::reduce_axis<detail::SumReducer, T>(ps, 0, false, "layer_norm"));
+                     if (t.owns(tb)) t.accumulate(tb, detail::reduce_axis<detail::SumReducer, T>(pb, 0, false, "layer_norm"));
+                   });
+  }
+  return y;
+}
+
+/// Inverted dropout, as flax.linen.Dropout: each element kept with probability 1 - rate and scaled by
+/// 1 / (1 - rate), else zero; the mask is jax.random.bernoulli(key, 1 - rate, x.shape), bit for bit.
+/// Deterministic given the key; the identity at rate 0 and when `deterministic` (evaluation). A host key
+/// cannot be used inside a compiled step (it would be frozen): pass the key as a device tensor there.
+template <FloatElement T, Device D>
+Tensor<T, D> dropout(random::Key key, const Tensor<T, D>& x, double rate, bool deterministic = false) {
+  detail::check_defined(x, "dropout");
+  detail::check_rate(rate);
+  if (deterministic || rate == 0.0) return x;
+  detail::forbid_in_compiled_step("dropout", "a mask drawn from a host key (pass tg::random::key_data(key) as a step input instead)");
+  return detail::dropout_impl<T, D>(key, nullptr, x, rate);
+}
+
+/// dropout with the key as a device tensor: uint32 of shape (2,), as jax.random.key_data(key) (see
+/// tg::random::key_data); usable inside a compiled step, where the key is an input of each call.
+template <FloatElement T, Device D>
+Tensor<T, D> dropout(const Tensor<std::uint32_t, D>& key, const Tensor<T, D>& x, double rate, bool deterministic = false) {
+  detail::check_defined(x, "dropout");
+  detail::check_defined(key, "dropout");
+  detail::check_rate(rate);
+  TG_CHECK(key.shape() == Shape{2}, "dropout", "a key tensor must have shape (2,) (jax.random.key_data), got ", key.shape().str());
+  if (deterministic || rate == 0.0) return x;
+  return detail::dropout_impl<T, D>(random::Key{}, &key, x, rate);
 }
 
 }  // namespace tg

@@ -219,6 +219,13 @@ struct NormalFn {
 
 }  // namespace detail
 
+/// The key's two words as a uint32 tensor of shape (2,) on D, as jax.random.key_data(key): how a key
+/// enters a compiled step as an input (tg::dropout takes one).
+template <Device D = Cpu>
+Tensor<std::uint32_t, D> key_data(Key key) {
+  return from_vector<D>(std::vector<std::uint32_t>{key.k0, key.k1});
+}
+
 /// 32 random bits per element, as jax.random.bits(key, shape) (uint32).
 template <Device D = Cpu>
 Tensor<std::uint32_t, D> bits(Key key, const Shape& shape) {

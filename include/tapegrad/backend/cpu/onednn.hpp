@@ -7,6 +7,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -53,8 +54,11 @@ struct GemmShape {
   GemmType type = GemmType::f32;
   bool bias = false;
   Eltwise post_op{};
+  /// `batch` GEMMs over (batch, m, k) @ (batch, k, n) -> (batch, m, n), each operand's matrices contiguous
+  /// one after another (oneDNN's batched matmul); bias is for batch 1 only.
+  std::int64_t batch = 1;
 
-  auto key() const { return std::tuple(m, n, k, trans_a, trans_b, type, bias, post_op.key()); }
+  auto key() const { return std::tuple(m, n, k, trans_a, trans_b, type, bias, post_op.key(), batch); }
   friend bool operator<(const GemmShape& a, const GemmShape& b) { return a.key() < b.key(); }
 };
 
@@ -90,7 +94,7 @@ class OneDnn {
     if (it == cache_.end()) {
       Primitive p;
       const dnnl_status_t st = make(s, p);
-      TG_CHECK(st == dnnl_success, "matmul", "oneDNN has no matmul for (", s.m, ", ", s.k, ") @ (", s.k, ", ", s.n, ") in ",
+      TG_CHECK(st == dnnl_success, "matmul", "oneDNN has no matmul for ", s.batch, " x (", s.m, ", ", s.k, ") @ (", s.k, ", ", s.n, ") in ",
                s.type == GemmType::bf16 ? "bf16" : "f32", ": ", dnnl_status2str(st));
       it = cache_.emplace(s, std::move(p)).first;
     }
@@ -176,14 +180,24 @@ class OneDnn {
   dnnl_status_t make(const GemmShape& s, Primitive& out) {
     const dnnl_data_type_t dt = s.type == GemmType::bf16 ? dnnl_bf16 : dnnl_f32;
     // Row-major (m, k); a transposed operand is the same bytes read with swapped strides.
-    const dnnl_dims_t a_dims = {s.m, s.k}, b_dims = {s.k, s.n}, c_dims = {s.m, s.n}, bias_dims = {1, s.n};
-    const dnnl_dims_t a_strides = {s.trans_a ? 1 : s.k, s.trans_a ? s.m : 1};
-    const dnnl_dims_t b_strides = {s.trans_b ? 1 : s.n, s.trans_b ? s.k : 1};
-    const dnnl_dims_t c_strides = {s.n, 1}, bias_strides = {s.n, 1};
+    // A batch is a leading dimension whose stride is one whole matrix.
+    const bool batched = s.batch > 1;
+    const int nd = batched ? 3 : 2;
+    auto dims = [&](std::int64_t r, std::int64_t c) {
+      return batched ? std::array<dnnl_dim_t, 3>{s.batch, r, c} : std::array<dnnl_dim_t, 3>{r, c, 0};
+    };
+    auto strides = [&](std::int64_t rs, std::int64_t cs, std::int64_t matrix) {
+      return batched ? std::array<dnnl_dim_t, 3>{matrix, rs, cs} : std::array<dnnl_dim_t, 3>{rs, cs, 0};
+    };
+    const auto a_dims = dims(s.m, s.k), b_dims = dims(s.k, s.n), c_dims = dims(s.m, s.n);
+    const auto a_strides = strides(s.trans_a ? 1 : s.k, s.trans_a ? s.m : 1, s.m * s.k);
+    const auto b_strides = strides(s.trans_b ? 1 : s.n, s.trans_b ? s.k : 1, s.k * s.n);
+    const auto c_strides = strides(s.n, 1, s.m * s.n);
+    const dnnl_dims_t bias_dims = {1, s.n}, bias_strides = {s.n, 1};
     dnnl_memory_desc_t a_md, b_md, c_md, bias_md;
-    TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dt, a_strides));
-    TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dt, b_strides));
-    TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dt, c_strides));
+    TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&a_md, nd, a_dims.data(), dt, a_strides.data()));
+    TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&b_md, nd, b_dims.data(), dt, b_strides.data()));
+    TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&c_md, nd, c_dims.data(), dt, c_strides.data()));
     TG_DNNL_CHECK(dnnl_memory_desc_init_by_strides(&bias_md, 2, bias_dims, dnnl_f32, bias_strides));
     dnnl_matmul_desc_t desc;
     TG_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &a_md, &b_md, s.bias ? &bias_md : nullptr, &c_md));

@@ -55,8 +55,11 @@ struct LtGemm {
   LtType type = LtType::f32;
   Epilogue epilogue = Epilogue::none;
   std::int64_t aux_ld = 0;
+  /// Strided batches: `batch` GEMMs, the i-th reading A + i stride_a, B + i stride_b, writing D + i stride_d
+  /// (elements).
+  std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_d = 0;
 
-  auto key() const { return std::tuple(m, n, k, trans_a, trans_b, lda, ldb, ldd, type, epilogue, aux_ld); }
+  auto key() const { return std::tuple(m, n, k, trans_a, trans_b, lda, ldb, ldd, type, epilogue, aux_ld, batch, stride_a, stride_b, stride_d); }
   friend bool operator<(const LtGemm& a, const LtGemm& b) { return a.key() < b.key(); }
 };
 
@@ -129,6 +132,14 @@ class LtLayout {
   LtLayout& operator=(const LtLayout&) = delete;
   cublasLtMatrixLayout_t get() const { return layout_; }
 
+  /// Makes the layout `count` matrices `stride` elements apart (a strided batch); nothing for count 1.
+  void set_batch(std::int64_t count, std::int64_t stride) {
+    if (count <= 1) return;
+    const auto c = static_cast<std::int32_t>(count);
+    TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout_, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &c, sizeof c));
+    TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layout_, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+
   template <class V>
   V attribute(cublasLtMatrixLayoutAttribute_t attr) const {
     V value{};
@@ -148,7 +159,11 @@ struct LtPlan {
         desc(g),
         a(g.type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda),
         b(g.type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb),
-        d(g.type, g.m, g.n, g.ldd) {}
+        d(g.type, g.m, g.n, g.ldd) {
+    a.set_batch(g.batch, g.stride_a);
+    b.set_batch(g.batch, g.stride_b);
+    d.set_batch(g.batch, g.stride_d);
+  }
   LtGemm gemm;
   LtMatmulDesc desc;
   LtLayout a, b, d;

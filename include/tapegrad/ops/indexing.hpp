@@ -1,0 +1,365 @@
+// Ops that move elements without arithmetic, under JAX's names: transpose / swapaxes, slice_in_dim,
+// take, concatenate and stack. Each is one copy kernel (a TG_HD functor, so the CPU tests cover the
+// GPU's indexing) and each backward rule is the adjoint copy, beside its forward.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "tapegrad/config.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/kernels.hpp"
+
+namespace tg::inline TG_ABI {
+
+namespace detail {
+
+/// y[i] = x[offset of i]: the output's index decomposed over `dims`, each coordinate times the input
+/// stride of that output axis (a transpose reads the input along permuted strides).
+template <class T>
+struct PermuteFn {
+  const T* x;
+  T* y;
+  int rank = 0;
+  std::int64_t dims[Shape::max_rank] = {};
+  std::int64_t strides[Shape::max_rank] = {};
+  TG_HD void operator()(std::int64_t i) const {
+    std::int64_t off = 0, r = i;
+    for (int d = rank - 1; d >= 0; --d) {
+      off += (r % dims[d]) * strides[d];
+      r /= dims[d];
+    }
+    y[i] = x[off];
+  }
+};
+
+/// Row-major strides of a shape.
+inline std::vector<std::int64_t> strides_of(const Shape& s) {
+  std::vector<std::int64_t> st(static_cast<std::size_t>(s.rank()));
+  std::int64_t stride = 1;
+  for (int d = s.rank() - 1; d >= 0; --d) st[static_cast<std::size_t>(d)] = stride, stride *= s[d];
+  return st;
+}
+
+/// Checks that `perm` is a permutation of 0..rank-1 (negative entries count from the end) and returns it
+/// normalised.
+inline std::vector<int> normalize_perm(const Shape& s, std::span<const int> perm, const char* op) {
+  TG_CHECK(static_cast<int>(perm.size()) == s.rank(), op, "perm has ", perm.size(), " axes but the input has shape ", s.str(),
+           " (rank ", s.rank(), "); give one entry per axis");
+  std::vector<int> p(perm.begin(), perm.end());
+  std::vector<bool> seen(static_cast<std::size_t>(s.rank()), false);
+  for (int& a : p) {
+    a = s.normalize_axis(a, op);
+    TG_CHECK(!seen[static_cast<std::size_t>(a)], op, "axis ", a, " appears twice in perm; perm must be a permutation of 0..",
+             s.rank() - 1);
+    seen[static_cast<std::size_t>(a)] = true;
+  }
+  return p;
+}
+
+/// y (outer, len, inner) = x (outer, n, inner) at positions start, start + step, ... along the middle axis.
+template <class T>
+struct SliceFn {
+  const T* x;
+  T* y;
+  std::int64_t n, len, inner, start, step;
+  TG_HD void operator()(std::int64_t i) const {
+    const std::int64_t in = i % inner, j = (i / inner) % len, o = i / (inner * len);
+    y[i] = x[(o * n + start + j * step) * inner + in];
+  }
+};
+
+/// The adjoint of SliceFn: dx (outer, n, inner) holds dy where the slice read, zero elsewhere.
+template <class T>
+struct SliceBackwardFn {
+  const T* dy;
+  T* dx;
+  std::int64_t n, len, inner, start, step;
+  TG_HD void operator()(std::int64_t i) const {
+    const std::int64_t in = i % inner, k = (i / inner) % n, o = i / (inner * n);
+    const std::int64_t rel = k - start;
+    const bool hit = rel >= 0 && rel % step == 0 && rel / step < len;
+    dx[i] = hit ? dy[(o * len + rel / step) * inner + in] : convert_to<T>(0.0f);
+  }
+};
+
+/// An index of take() in [0, n): negative ones count from the end once, as NumPy; -1 when out of range.
+TG_HD inline std::int64_t take_index(std::int32_t k, std::int64_t n) {
+  const std::int64_t j = k < 0 ? k + n : k;
+  return j >= 0 && j < n ? j : -1;
+}
+
+/// y (outer, m, inner) = x (outer, n, inner) at the m indices; an out-of-range index gives NaN, as
+/// jnp.take's default mode "fill".
+template <class T>
+struct TakeFn {
+  const T* x;
+  const std::int32_t* idx;
+  T* y;
+  std::int64_t n, m, inner;
+  TG_HD void operator()(std::int64_t i) const {
+    const std::int64_t in = i % inner, k = (i / inner) % m, o = i / (inner * m);
+    const std::int64_t j = take_index(idx[k], n);
+    y[i] = j >= 0 ? x[(o * n + j) * inner + in] : convert_to<T>(NAN);
+  }
+};
+
+/// The adjoint of TakeFn: dx[o, j, in] = sum of dy[o, k, in] over the k whose index is j, in k's order
+/// (repeated indices add up; no atomics, so the sum is reproducible).
+template <class T>
+struct TakeBackwardFn {
+  const T* dy;
+  const std::int32_t* idx;
+  T* dx;
+  std::int64_t n, m, inner;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<T>;
+    const std::int64_t in = i % inner, j = (i / inner) % n, o = i / (inner * n);
+    C acc = C(0);
+    for (std::int64_t k = 0; k < m; ++k)
+      if (take_index(idx[k], n) == j) acc += convert_from<C>(dy[(o * m + k) * inner + in]);
+    dx[i] = convert_to<T>(acc);
+  }
+};
+
+/// y (outer, total, inner) at [offset, offset + n) of the middle axis = x (outer, n, inner): one input of
+/// a concatenation.
+template <class T>
+struct PlaceFn {
+  const T* x;
+  T* y;
+  std::int64_t n, total, inner, offset;
+  TG_HD void operator()(std::int64_t i) const {
+    const std::int64_t in = i % inner, j = (i / inner) % n, o = i / (inner * n);
+    y[(o * total + offset + j) * inner + in] = x[i];
+  }
+};
+
+template <Element T, Device D>
+Tensor<T, D> slice_impl(const Tensor<T, D>& x, std::int64_t start, std::int64_t len, std::int64_t step, int axis);
+
+}  // namespace detail
+
+/// x with its axes permuted, as jnp.transpose(x, perm): axis d of the result is axis perm[d] of x.
+/// Negative entries count from the end. A copy; the cotangent is transposed back by the inverse permutation.
+template <Element T, Device D>
+Tensor<T, D> transpose(const Tensor<T, D>& x, std::span<const int> perm) {
+  detail::check_defined(x, "transpose");
+  const std::vector<int> p = detail::normalize_perm(x.shape(), perm, "transpose");
+  const auto in_strides = detail::strides_of(x.shape());
+  std::vector<std::int64_t> out_dims(p.size());
+  detail::PermuteFn<T> f{};
+  // Merge output axes that are adjacent in the input too (perm[d + 1] == perm[d] + 1): fewer divisions.
+  for (std::size_t d = 0; d < p.size(); ++d) {
+    out_dims[d] = x.shape()[p[d]];
+    if (d > 0 && p[d] == p[d - 1] + 1 && f.rank > 0) {
+      f.dims[f.rank - 1] *= out_dims[d];
+      f.strides[f.rank - 1] = in_strides[static_cast<std::size_t>(p[d])];
+      continue;
+    }
+    f.dims[f.rank] = out_dims[d];
+    f.strides[f.rank] = in_strides[static_cast<std::size_t>(p[d])];
+    ++f.rank;
+  }
+  Tensor<T, D> y{Shape(std::span<const std::int64_t>(out_dims))};
+  f.x = x.data(), f.y = y.data();
+  if (y.size() > 0) detail::index_map<D>(y.size(), f);
+  if constexpr (FloatElement<T>) {
+    if (detail::recording(x)) {
+      std::vector<int> inverse(p.size());
+      for (std::size_t d = 0; d < p.size(); ++d) inverse[static_cast<std::size_t>(p[d])] = static_cast<int>(d);
+      detail::record(y, {x.trace()}, [in = x.trace(), inverse](detail::Tape& t, const Tensor<T, D>& dy) {
+        t.accumulate(in, transpose(dy, std::span<const int>(inverse)));
+      });
+    }
+  }
+  return y;
+}
+
+template <Element T, Device D>
+Tensor<T, D> transpose(const Tensor<T, D>& x, std::initializer_list<int> perm) {
+  return transpose(x, std::span<const int>(perm.begin(), perm.size()));
+}
+
+/// x with its axes reversed, as jnp.transpose(x) (x.T).
+template <Element T, Device D>
+Tensor<T, D> transpose(const Tensor<T, D>& x) {
+  std::vector<int> perm(static_cast<std::size_t>(x.rank()));
+  for (int d = 0; d < x.rank(); ++d) perm[static_cast<std::size_t>(d)] = x.rank() - 1 - d;
+  return transpose(x, std::span<const int>(perm));
+}
+
+/// x with axes a and b exchanged, as jnp.swapaxes.
+template <Element T, Device D>
+Tensor<T, D> swapaxes(const Tensor<T, D>& x, int a, int b) {
+  detail::check_defined(x, "swapaxes");
+  a = x.shape().normalize_axis(a, "swapaxes"), b = x.shape().normalize_axis(b, "swapaxes");
+  std::vector<int> perm(static_cast<std::size_t>(x.rank()));
+  for (int d = 0; d < x.rank(); ++d) perm[static_cast<std::size_t>(d)] = d;
+  std::swap(perm[static_cast<std::size_t>(a)], perm[static_cast<std::size_t>(b)]);
+  return transpose(x, std::span<const int>(perm));
+}
+
+namespace detail {
+
+template <Element T, Device D>
+Tensor<T, D> slice_impl(const Tensor<T, D>& x, std::int64_t start, std::int64_t len, std::int64_t step, int axis) {
+  const AxisView v = axis_view(x.shape(), axis);
+  std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end());
+  dims[static_cast<std::size_t>(axis)] = len;
+  Tensor<T, D> y{Shape(std::span<const std::int64_t>(dims))};
+  if (y.size() > 0) index_map<D>(y.size(), SliceFn<T>{x.data(), y.data(), v.n, len, v.inner, start, step});
+  if constexpr (FloatElement<T>) {
+    if (recording(x)) {
+      record(y, {x.trace()}, [in = x.trace(), s = x.shape(), v, len, start, step](Tape& t, const Tensor<T, D>& dy) {
+        Tensor<T, D> dx(s);
+        if (dx.size() > 0) index_map<D>(dx.size(), SliceBackwardFn<T>{dy.data(), dx.data(), v.n, len, v.inner, start, step});
+        t.accumulate(in, dx);
+      });
+    }
+  }
+  return y;
+}
+
+}  // namespace detail
+
+/// Elements start, start + stride, ... below limit along `axis`, as jax.lax.slice_in_dim (negative start
+/// and limit count from the end, as Python slices; both are clamped to the axis).
+template <Element T, Device D>
+Tensor<T, D> slice_in_dim(const Tensor<T, D>& x, std::int64_t start, std::int64_t limit, std::int64_t stride = 1, int axis = 0) {
+  detail::check_defined(x, "slice_in_dim");
+  const int a = x.shape().normalize_axis(axis, "slice_in_dim");
+  TG_CHECK(stride >= 1, "slice_in_dim", "stride must be >= 1, got ", stride);
+  const std::int64_t n = x.shape()[a];
+  auto clamp = [n](std::int64_t i) { return std::min(std::max(i < 0 ? i + n : i, std::int64_t{0}), n); };
+  const std::int64_t lo = clamp(start), hi = clamp(limit);
+  const std::int64_t len = hi > lo ? (hi - lo + stride - 1) / stride : 0;
+  return detail::slice_impl(x, lo, len, stride, a);
+}
+
+/// Element `index` along `axis`, that axis removed, as x[..., index, ...] (jnp indexing; negative counts
+/// from the end).
+template <Element T, Device D>
+Tensor<T, D> index_in_dim(const Tensor<T, D>& x, std::int64_t index, int axis = 0) {
+  detail::check_defined(x, "index_in_dim");
+  const int a = x.shape().normalize_axis(axis, "index_in_dim");
+  const std::int64_t n = x.shape()[a];
+  TG_CHECK(index >= -n && index < n, "index_in_dim", "index ", index, " is out of range for axis ", a, " of shape ", x.shape().str());
+  std::vector<std::int64_t> dims;
+  for (int d = 0; d < x.rank(); ++d)
+    if (d != a) dims.push_back(x.shape()[d]);
+  return detail::slice_impl(x, index < 0 ? index + n : index, 1, 1, a).reshape(Shape(std::span<const std::int64_t>(dims)));
+}
+
+/// x at `indices` (int32, any shape) along `axis`, as jnp.take(x, indices, axis): the result's shape is
+/// x's with that axis replaced by the indices' shape. Negative indices count from the end; an index out
+/// of range gives NaN (jnp.take's default mode "fill"). Repeated indices add their cotangents.
+template <FloatElement T, Device D>
+Tensor<T, D> take(const Tensor<T, D>& x, const Tensor<std::int32_t, D>& indices, int axis) {
+  detail::check_defined(x, "take");
+  detail::check_defined(indices, "take");
+  const int a = x.shape().normalize_axis(axis, "take");
+  const detail::AxisView v = detail::axis_view(x.shape(), a);
+  std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().begin() + a);
+  dims.insert(dims.end(), indices.shape().dims().begin(), indices.shape().dims().end());
+  dims.insert(dims.end(), x.shape().dims().begin() + a + 1, x.shape().dims().end());
+  TG_CHECK(dims.size() <= static_cast<std::size_t>(Shape::max_rank), "take", "the result of taking indices of shape ",
+           indices.shape().str(), " from ", x.shape().str(), " would have rank ", dims.size(), " (at most ", Shape::max_rank, ")");
+  Tensor<T, D> y{Shape(std::span<const std::int64_t>(dims))};
+  const std::int64_t m = indices.size();
+  if (y.size() > 0) detail::index_map<D>(y.size(), detail::TakeFn<T>{x.data(), indices.data(), y.data(), v.n, m, v.inner});
+  if (detail::recording(x)) {
+    detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape(), idx = indices, v, m](detail::Tape& t, const Tensor<T, D>& dy) {
+      Tensor<T, D> dx(s);
+      if (dx.size() > 0) detail::index_map<D>(dx.size(), detail::TakeBackwardFn<T>{dy.data(), idx.data(), dx.data(), v.n, m, v.inner}, m);
+      t.accumulate(in, dx);
+    });
+  }
+  return y;
+}
+
+/// The tensors joined along an existing `axis`, as jnp.concatenate: all of one rank, equal except along
+/// `axis`. The cotangent splits back into slices.
+template <Element T, Device D>
+Tensor<T, D> concatenate(std::span<const Tensor<T, D>> xs, int axis = 0) {
+  TG_CHECK(!xs.empty(), "concatenate", "needs at least one tensor");
+  for (const auto& x : xs) detail::check_defined(x, "concatenate");
+  const Shape& first = xs[0].shape();
+  const int a = first.normalize_axis(axis, "concatenate");
+  std::int64_t total = 0;
+  for (std::size_t k = 0; k < xs.size(); ++k) {
+    const Shape& s = xs[k].shape();
+    bool same = s.rank() == first.rank();
+    for (int d = 0; same && d < s.rank(); ++d) same = d == a || s[d] == first[d];
+    TG_CHECK(same, "concatenate", "tensor ", k, " has shape ", s.str(), " but tensor 0 has ", first.str(),
+             "; all must have one rank and equal sizes except along axis ", a);
+    total += s[a];
+  }
+  std::vector<std::int64_t> dims(first.dims().begin(), first.dims().end());
+  dims[static_cast<std::size_t>(a)] = total;
+  Tensor<T, D> y{Shape(std::span<const std::int64_t>(dims))};
+  std::vector<std::int64_t> offsets;
+  std::int64_t offset = 0;
+  for (const auto& x : xs) {
+    const detail::AxisView v = detail::axis_view(x.shape(), a);
+    if (x.size() > 0) detail::index_map<D>(x.size(), detail::PlaceFn<T>{x.data(), y.data(), v.n, total, v.inner, offset});
+    offsets.push_back(offset);
+    offset += v.n;
+  }
+  if constexpr (FloatElement<T>) {
+    bool traced = false;
+    for (const auto& x : xs) traced = traced || detail::recording(x);
+    if (traced) {
+      std::vector<detail::Trace> ins;
+      std::vector<std::int64_t> lens;
+      for (const auto& x : xs) {
+        detail::active_tape->use(x.trace());
+        ins.push_back(x.trace());
+        lens.push_back(x.shape()[a]);
+      }
+      detail::record(y, {}, [ins, lens, offsets, a](detail::Tape& t, const Tensor<T, D>& dy) {
+        for (std::size_t k = 0; k < ins.size(); ++k)
+          if (t.owns(ins[k])) t.accumulate(ins[k], detail::slice_impl(dy, offsets[k], lens[k], 1, a));
+      });
+    }
+  }
+  return y;
+}
+
+template <Element T, Device D>
+Tensor<T, D> concatenate(std::initializer_list<Tensor<T, D>> xs, int axis = 0) {
+  return concatenate(std::span<const Tensor<T, D>>(xs.begin(), xs.size()), axis);
+}
+
+/// The tensors (all of one shape) joined along a new `axis`, as jnp.stack.
+template <Element T, Device D>
+Tensor<T, D> stack(std::span<const Tensor<T, D>> xs, int axis = 0) {
+  TG_CHECK(!xs.empty(), "stack", "needs at least one tensor");
+  detail::check_defined(xs[0], "stack");
+  const Shape& s = xs[0].shape();
+  TG_CHECK(axis >= -(s.rank() + 1) && axis <= s.rank(), "stack", "axis ", axis, " is out of range for stacking tensors of shape ",
+           s.str(), " (the result has rank ", s.rank() + 1, ")");
+  const int a = axis < 0 ? axis + s.rank() + 1 : axis;
+  std::vector<std::int64_t> dims(s.dims().begin(), s.dims().end());
+  dims.insert(dims.begin() + a, 1);
+  std::vector<Tensor<T, D>> expanded;
+  for (std::size_t k = 0; k < xs.size(); ++k) {
+    detail::check_defined(xs[k], "stack");
+    TG_CHECK(xs[k].shape() == s, "stack", "tensor ", k, " has shape ", xs[k].shape().str(), " but tensor 0 has ", s.str(),
+             "; stacked tensors must have one shape");
+    expanded.push_back(xs[k].reshape(Shape(std::span<const std::int64_t>(dims))));
+  }
+  return concatenate(std::span<const Tensor<T, D>>(expanded), a);
+}
+
+template <Element T, Device D>
+Tensor<T, D> stack(std::initializer_list<Tensor<T, D>> xs, int axis = 0) {
+  return stack(std::span<const Tensor<T, D>>(xs.begin(), xs.size()), axis);
+}
+
+}  // namespace tg

@@ -1,0 +1,274 @@
+// The ops a transformer needs beyond the MLP's: transpose / swapaxes, batched and broadcast matmul,
+// layer_norm, dropout, slice_in_dim / index_in_dim / take, concatenate / stack. Values against double
+// references, gradients against finite differences in double (tg::check_grads). Built for the CPU, and
+// by nvcc with every tensor on CUDA (TG_TEST_CUDA).
+#include "test_common.hpp"
+
+#include <cmath>
+#include <vector>
+
+using Catch::Matchers::Contains;
+using D = TestDevice;
+namespace rnd = tg::random;
+
+namespace tops {
+
+template <class T>
+struct Leaves3 {
+  tg::Tensor<T, D> a, b, c;
+};
+TG_PYTREE(Leaves3, a, b, c)
+
+inline tg::Tensor<double, D> dnormal(int seed, const tg::Shape& s, double scale = 1.0, double shift = 0.0) {
+  return rnd::normal<double, D>(rnd::key(seed), s) * scale + shift;
+}
+
+inline std::vector<double> host(const tg::Tensor<double, D>& t) { return t.to_vector(); }
+inline std::vector<double> host(const tg::Tensor<float, D>& t) {
+  const auto v = t.to_vector();
+  return {v.begin(), v.end()};
+}
+
+/// check_grads of sum(f(p) * w) over a pytree p, w fixed random weights, so every output element counts
+/// differently.
+template <class P, class F>
+void check_fd(const char* what, const P& p, F f) {
+  INFO(what);
+  const auto w = dnormal(4242, f(p).shape());
+  auto loss = [&](const P& q) { return tg::sum(tg::mul(f(q), w)); };
+  const auto r = tg::check_grads(loss, p, tg::GradCheckOptions{.print = false});
+  INFO(r);
+  CHECK(r.passed);
+}
+
+/// Row-major strides.
+inline std::vector<std::int64_t> strides(const tg::Shape& s) {
+  std::vector<std::int64_t> st(static_cast<std::size_t>(s.rank()));
+  std::int64_t k = 1;
+  for (int d = s.rank() - 1; d >= 0; --d) st[static_cast<std::size_t>(d)] = k, k *= s[d];
+  return st;
+}
+
+/// Batched matmul reference in double: NumPy broadcasting over the leading dims.
+inline std::vector<double> ref_matmul(const std::vector<double>& a, const tg::Shape& sa, const std::vector<double>& b,
+                                      const tg::Shape& sb, bool ta, bool tb, tg::Shape& out) {
+  const int rank = std::max(sa.rank(), sb.rank());
+  const std::int64_t m = ta ? sa[-1] : sa[-2], k = ta ? sa[-2] : sa[-1], n = tb ? sb[-2] : sb[-1];
+  std::vector<std::int64_t> dims;
+  for (int i = 0; i < rank - 2; ++i) {
+    const int ia = sa.rank() - rank + i, ib = sb.rank() - rank + i;
+    const std::int64_t da = ia >= 0 ? sa[ia] : 1, db = ib >= 0 ? sb[ib] : 1;
+    dims.push_back(std::max(da, db));
+  }
+  std::int64_t batches = 1;
+  for (auto d : dims) batches *= d;
+  dims.push_back(m), dims.push_back(n);
+  out = tg::Shape(std::span<const std::int64_t>(dims));
+  std::vector<double> c(static_cast<std::size_t>(batches * m * n), 0.0);
+  for (std::int64_t bi = 0; bi < batches; ++bi) {
+    // Offsets of the batch in a and b (broadcast axes read index 0).
+    std::int64_t rem = bi, oa = 0, ob = 0, sa_k = sa[-1] * sa[-2], sb_k = sb[-1] * sb[-2];
+    for (int i = rank - 3; i >= 0; --i) {
+      const std::int64_t d = dims[static_cast<std::size_t>(i)], ci = rem % d;
+      rem /= d;
+      const int ia = sa.rank() - rank + i, ib = sb.rank() - rank + i;
+      if (ia >= 0 && sa[ia] != 1) oa += ci * sa_k;
+      if (ib >= 0 && sb[ib] != 1) ob += ci * sb_k;
+      if (ia >= 0) sa_k *= sa[ia];
+      if (ib >= 0) sb_k *= sb[ib];
+    }
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t j = 0; j < n; ++j) {
+        double acc = 0.0;
+        for (std::int64_t p = 0; p < k; ++p)
+          acc += a[static_cast<std::size_t>(oa + (ta ? p * m + i : i * k + p))] * b[static_cast<std::size_t>(ob + (tb ? j * k + p : p * n + j))];
+        c[static_cast<std::size_t>((bi * m + i) * n + j)] = acc;
+      }
+  }
+  return c;
+}
+
+inline void check_close(const std::vector<double>& got, const std::vector<double>& want, double tol, const char* what) {
+  INFO(what);
+  REQUIRE(got.size() == want.size());
+  double worst = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]) / (1.0 + std::fabs(want[i])));
+  INFO("worst relative error " << worst);
+  CHECK(worst <= tol);
+}
+
+}  // namespace tops
+
+TEST_CASE("transpose and swapaxes permute as jnp.transpose, and their gradients are the inverse permutation", "[ops][transformer]") {
+  const auto x = tops::dnormal(1, {2, 3, 4, 5});
+  const auto y = tg::transpose(x, {2, 0, 3, 1});
+  REQUIRE(y.shape() == tg::Shape({4, 2, 5, 3}));
+  const auto xv = x.to_vector(), yv = y.to_vector();
+  const auto sx = tops::strides(x.shape());
+  bool all = true;
+  for (std::int64_t i = 0; i < 4; ++i)
+    for (std::int64_t j = 0; j < 2; ++j)
+      for (std::int64_t k = 0; k < 5; ++k)
+        for (std::int64_t l = 0; l < 3; ++l)
+          all = all && yv[static_cast<std::size_t>(((i * 2 + j) * 5 + k) * 3 + l)] == xv[static_cast<std::size_t>(j * sx[0] + l * sx[1] + i * sx[2] + k * sx[3])];
+  CHECK(all);
+  CHECK(tg::transpose(x).shape() == tg::Shape({5, 4, 3, 2}));
+  CHECK(tg::swapaxes(x, 1, -1).shape() == tg::Shape({2, 5, 4, 3}));
+  CHECK(tg::swapaxes(x, 1, -1).at({1, 4, 2, 0}) == x.at({1, 0, 2, 4}));
+  // Merged adjacent axes: (0, 1) stay together in (2, 3, 0, 1).
+  CHECK(tg::transpose(x, {2, 3, 0, 1}).at({3, 4, 1, 2}) == x.at({1, 2, 3, 4}));
+  tops::check_fd("transpose", x, [](const tg::Tensor<double, D>& p) { return tg::transpose(p, {2, 0, 3, 1}); });
+  tops::check_fd("swapaxes", x, [](const tg::Tensor<double, D>& p) { return tg::swapaxes(p, 0, 2); });
+  CHECK_THROWS_WITH(tg::transpose(x, {0, 1, 2}), Contains("transpose") && Contains("perm has 3 axes"));
+  CHECK_THROWS_WITH(tg::transpose(x, {0, 1, 1, 2}), Contains("axis 1 appears twice"));
+}
+
+TEST_CASE("matmul batches over leading axes with NumPy broadcasting, for every transpose", "[ops][transformer][matmul]") {
+  struct Case {
+    tg::Shape a, b;
+    bool ta, tb;
+  };
+  const std::vector<Case> cases = {
+      {{2, 3, 4, 5}, {2, 3, 5, 6}, false, false},  // same batch
+      {{2, 3, 4, 5}, {3, 6, 5}, false, true},      // b broadcast over the first axis
+      {{2, 1, 5, 4}, {1, 3, 5, 6}, true, false},   // both broadcast
+      {{3, 5, 4}, {3, 6, 5}, true, true},
+      {{2, 3, 4, 5}, {5, 6}, false, false},        // a 2-d weight: one GEMM over the folded batch
+      {{4, 5}, {3, 5, 6}, false, false},           // a 2-d left operand broadcast over b's batch
+      {{2, 5, 4}, {5, 6}, true, false},
+  };
+  int seed = 10;
+  for (const auto& c : cases) {
+    INFO("a " << c.a << (c.ta ? "^T" : "") << " @ b " << c.b << (c.tb ? "^T" : ""));
+    const auto a = tops::dnormal(seed++, c.a), b = tops::dnormal(seed++, c.b);
+    tg::Shape want_shape;
+    const auto want = tops::ref_matmul(a.to_vector(), c.a, b.to_vector(), c.b, c.ta, c.tb, want_shape);
+    const auto got = tg::matmul(a, b, c.ta, c.tb);
+    REQUIRE(got.shape() == want_shape);
+    tops::check_close(got.to_vector(), want, 1e-12, "f64 values");
+    const auto got32 = tg::matmul(tg::cast<float>(a), tg::cast<float>(b), c.ta, c.tb);
+    tops::check_close(tops::host(got32), want, 2e-5, "f32 values");
+    const auto got16 = tg::cast<float>(tg::matmul(tg::cast<tg::bf16>(a), tg::cast<tg::bf16>(b), c.ta, c.tb));
+    tops::check_close(tops::host(got16), want, 0.05, "bf16 values");
+    tops::check_fd("batched matmul", tops::Leaves3<double>{a, b, tg::zeros<double, D>({})},
+                   [&](const tops::Leaves3<double>& p) { return tg::matmul(p.a, p.b, c.ta, c.tb); });
+  }
+  CHECK_THROWS_WITH(tg::matmul(tops::dnormal(1, {2, 3, 4}), tops::dnormal(2, {2, 5, 6})), Contains("inner dims differ"));
+  CHECK_THROWS_WITH(tg::matmul(tops::dnormal(1, {2, 3, 4}), tops::dnormal(2, {3, 4, 6})), Contains("cannot be broadcast"));
+  CHECK_THROWS_WITH(tg::matmul(tops::dnormal(1, {4}), tops::dnormal(2, {4, 6})), Contains("rank >= 2"));
+}
+
+TEST_CASE("layer_norm normalises the last axis as flax's LayerNorm, with finite-difference gradients", "[ops][transformer][layer_norm]") {
+  const std::int64_t rows = 37, n = 24;  // rows not a multiple of the backward's chunk
+  const auto x = tops::dnormal(3, {rows, n}, 2.0, 0.5), scale = tops::dnormal(4, {n}, 0.5, 1.0), bias = tops::dnormal(5, {n});
+  const double eps = 1e-5;
+  const auto y = tg::layer_norm(x, scale, bias, eps).to_vector();
+  const auto xv = x.to_vector(), sv = scale.to_vector(), bv = bias.to_vector();
+  std::vector<double> want(xv.size());
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double mu = 0.0, var = 0.0;
+    for (std::int64_t k = 0; k < n; ++k) mu += xv[static_cast<std::size_t>(r * n + k)] / n;
+    for (std::int64_t k = 0; k < n; ++k) var += std::pow(xv[static_cast<std::size_t>(r * n + k)] - mu, 2) / n;
+    for (std::int64_t k = 0; k < n; ++k) {
+      const auto i = static_cast<std::size_t>(r * n + k);
+      want[i] = (xv[i] - mu) / std::sqrt(var + eps) * sv[static_cast<std::size_t>(k)] + bv[static_cast<std::size_t>(k)];
+    }
+  }
+  tops::check_close(y, want, 1e-13, "layer_norm f64");
+  tops::check_close(tops::host(tg::layer_norm(tg::cast<float>(x), tg::cast<float>(scale), tg::cast<float>(bias), eps)), want, 1e-5, "layer_norm f32");
+  // bf16: statistics in f32, so the result is the f32 computation on the bf16 inputs, rounded once.
+  const auto xb = tg::cast<tg::bf16>(x), sb = tg::cast<tg::bf16>(scale), bb = tg::cast<tg::bf16>(bias);
+  const auto yb = tg::cast<float>(tg::layer_norm(xb, sb, bb, eps)).to_vector();
+  const auto yf = tg::cast<float>(tg::cast<tg::bf16>(tg::layer_norm(tg::cast<float>(xb), tg::cast<float>(sb), tg::cast<float>(bb), eps))).to_vector();
+  CHECK(yb == yf);
+  // Higher rank: the rows are every leading index.
+  tops::check_fd("layer_norm", tops::Leaves3<double>{x.reshape({1, rows, n}), scale, bias},
+                 [&](const tops::Leaves3<double>& p) { return tg::layer_norm(p.a, p.b, p.c, eps); });
+  CHECK_THROWS_WITH(tg::layer_norm(x, tops::dnormal(1, {n + 1}), bias), Contains("layer_norm") && Contains("scale and bias must have shape (24,)"));
+}
+
+TEST_CASE("dropout is jax.random.bernoulli's mask, deterministic given the key, the identity at rate 0", "[ops][transformer][dropout]") {
+  const auto x = tops::dnormal(6, {64, 33});
+  const double rate = 0.25;
+  const auto key = rnd::key(17);
+  const auto y = tg::dropout(key, x, rate).to_vector();
+  const auto u = rnd::uniform<float, D>(key, x.shape()).to_vector();
+  const auto xv = x.to_vector();
+  std::size_t kept = 0;
+  bool all = true;
+  for (std::size_t i = 0; i < xv.size(); ++i) {
+    const bool keep = u[i] < static_cast<float>(1.0 - rate);
+    kept += keep;
+    all = all && y[i] == (keep ? xv[i] / static_cast<double>(static_cast<float>(1.0 - rate)) : 0.0);
+  }
+  CHECK(all);
+  CHECK(std::fabs(static_cast<double>(kept) / static_cast<double>(xv.size()) - 0.75) < 0.03);
+  CHECK(tg::dropout(key, x, rate).to_vector() == y);
+  CHECK(tg::dropout(rnd::key(18), x, rate).to_vector() != y);
+  CHECK(tg::dropout(rnd::key_data<D>(key), x, rate).to_vector() == y);
+  CHECK(tg::dropout(key, x, 0.0).to_vector() == xv);
+  CHECK(tg::dropout(key, x, rate, /*deterministic=*/true).to_vector() == xv);
+  tops::check_fd("dropout", x, [&](const tg::Tensor<double, D>& p) { return tg::dropout(key, p, rate); });
+  CHECK_THROWS_WITH(tg::dropout(key, x, 1.0), Contains("rate must be in [0, 1)"));
+  CHECK_THROWS_WITH(tg::dropout(tg::zeros<std::uint32_t, D>({3}), x, 0.5), Contains("shape (2,)"));
+
+  // In a compiled step the key is an input: each call draws its own mask.
+  auto step = tg::compile([](const tg::Tensor<std::uint32_t, D>& k, const tg::Tensor<float, D>& v) { return tg::dropout(k, v, 0.5); });
+  const auto xf = tg::cast<float>(x);
+  const auto m1 = step(rnd::key_data<D>(rnd::key(1)), xf).to_vector(), m2 = step(rnd::key_data<D>(rnd::key(2)), xf).to_vector();
+  CHECK(m1 == tg::dropout(rnd::key(1), xf, 0.5).to_vector());
+  CHECK(m2 == tg::dropout(rnd::key(2), xf, 0.5).to_vector());
+  CHECK(m1 != m2);
+  auto frozen = tg::compile([key](const tg::Tensor<float, D>& v) { return tg::dropout(key, v, 0.5); });
+  CHECK_THROWS_WITH(frozen(xf), Contains("dropout") && Contains("key_data"));
+}
+
+TEST_CASE("slice_in_dim, index_in_dim and take read as JAX, and their gradients scatter back", "[ops][transformer][indexing]") {
+  const auto x = tops::dnormal(7, {3, 7, 4});
+  const auto s = tg::slice_in_dim(x, 1, 6, 2, 1);  // positions 1, 3, 5
+  REQUIRE(s.shape() == tg::Shape({3, 3, 4}));
+  CHECK(s.at({2, 1, 3}) == x.at({2, 3, 3}));
+  CHECK(tg::slice_in_dim(x, -3, 100, 1, 1).shape() == tg::Shape({3, 3, 4}));  // clamped, negative from the end
+  CHECK(tg::slice_in_dim(x, -3, 100, 1, 1).at({0, 0, 0}) == x.at({0, 4, 0}));
+  CHECK(tg::slice_in_dim(x, 5, 2, 1, 1).shape() == tg::Shape({3, 0, 4}));
+  CHECK(tg::index_in_dim(x, -1, 1).shape() == tg::Shape({3, 4}));
+  CHECK(tg::index_in_dim(x, -1, 1).at({1, 2}) == x.at({1, 6, 2}));
+  tops::check_fd("slice_in_dim", x, [](const tg::Tensor<double, D>& p) { return tg::slice_in_dim(p, 1, 6, 2, 1); });
+  tops::check_fd("index_in_dim", x, [](const tg::Tensor<double, D>& p) { return tg::index_in_dim(p, 2, -1); });
+
+  const auto idx = tg::from_vector<D>(std::vector<std::int32_t>{4, -1, 0, 4, 2, 9}, {2, 3});
+  const auto t = tg::take(x, idx, 1);
+  REQUIRE(t.shape() == tg::Shape({3, 2, 3, 4}));
+  CHECK(t.at({1, 0, 0, 2}) == x.at({1, 4, 2}));
+  CHECK(t.at({1, 0, 1, 2}) == x.at({1, 6, 2}));  // -1: the last
+  CHECK(std::isnan(t.at({0, 1, 2, 0})));          // 9 is out of range: NaN, as jnp.take's mode "fill"
+  const auto in_range = tg::from_vector<D>(std::vector<std::int32_t>{4, -1, 0, 4, 2}, {5});  // 4 twice: cotangents add
+  tops::check_fd("take", x, [&](const tg::Tensor<double, D>& p) { return tg::take(p, in_range, 1); });
+  tops::check_fd("take axis 0", x, [&](const tg::Tensor<double, D>& p) {
+    return tg::take(p, tg::from_vector<D>(std::vector<std::int32_t>{2, 2, 0}, {3}), 0);
+  });
+  CHECK_THROWS_WITH(tg::slice_in_dim(x, 0, 2, 0, 1), Contains("stride must be >= 1"));
+  CHECK_THROWS_WITH(tg::index_in_dim(x, 7, 1), Contains("index 7 is out of range"));
+}
+
+TEST_CASE("concatenate and stack join as JAX, and their gradients split back", "[ops][transformer][indexing]") {
+  const auto a = tops::dnormal(8, {2, 3, 4}), b = tops::dnormal(9, {2, 5, 4}), c = tops::dnormal(10, {2, 1, 4});
+  const auto j = tg::concatenate({a, b, c}, 1);
+  REQUIRE(j.shape() == tg::Shape({2, 9, 4}));
+  CHECK(j.at({1, 2, 3}) == a.at({1, 2, 3}));
+  CHECK(j.at({1, 4, 0}) == b.at({1, 1, 0}));
+  CHECK(j.at({0, 8, 2}) == c.at({0, 0, 2}));
+  tops::check_fd("concatenate", tops::Leaves3<double>{a, b, c},
+                 [](const tops::Leaves3<double>& p) { return tg::concatenate({p.a, p.b, p.c}, -2); });
+  const auto b2 = tops::dnormal(11, {2, 3, 4}), c2 = tops::dnormal(12, {2, 3, 4});
+  const auto st = tg::stack({a, b2, c2}, -1);
+  REQUIRE(st.shape() == tg::Shape({2, 3, 4, 3}));
+  CHECK(st.at({1, 2, 3, 1}) == b2.at({1, 2, 3}));
+  CHECK(tg::stack({a, b2}, 0).shape() == tg::Shape({2, 2, 3, 4}));
+  tops::check_fd("stack", tops::Leaves3<double>{a, b2, c2},
+                 [](const tops::Leaves3<double>& p) { return tg::stack({p.a, p.b, p.c}, 1); });
+  // A tensor used twice: both cotangents arrive.
+  tops::check_fd("concatenate with repeats", a, [](const tg::Tensor<double, D>& p) { return tg::concatenate({p, p}, 0); });
+  CHECK_THROWS_WITH(tg::concatenate({a, tops::dnormal(1, {3, 3, 4})}, 1), Contains("tensor 1 has shape (3, 3, 4)"));
+  CHECK_THROWS_WITH(tg::stack({a, b}, 0), Contains("stacked tensors must have one shape"));
+}
