@@ -272,3 +272,44 @@ TEST_CASE("concatenate and stack join as JAX, and their gradients split back", "
   CHECK_THROWS_WITH(tg::concatenate({a, tops::dnormal(1, {3, 3, 4})}, 1), Contains("tensor 1 has shape (3, 3, 4)"));
   CHECK_THROWS_WITH(tg::stack({a, b}, 0), Contains("stacked tensors must have one shape"));
 }
+
+#if !defined(TG_TEST_CUDA)
+TEST_CASE("the per-element index functors CUDA runs equal the CPU's row forms", "[ops][transformer][indexing]") {
+  // CUDA launches a thread per element (PermuteFn, SliceFn, ... operator()); the CPU copies rows. Run
+  // the element forms here on the CPU and compare with the ops.
+  const auto x = tops::dnormal(21, {3, 5, 4, 6});
+  const auto y = tg::transpose(x, {2, 0, 3, 1});
+  tg::detail::PermuteFn<double> f{};
+  const auto st = tops::strides(x.shape());
+  const int perm[4] = {2, 0, 3, 1};
+  f.rank = 4;
+  for (int d = 0; d < 4; ++d) f.dims[d] = x.shape()[perm[d]], f.strides[d] = st[static_cast<std::size_t>(perm[d])];
+  tg::Tensor<double> out(y.shape());
+  f.x = x.data(), f.y = out.data();
+  tg::detail::index_map<tg::Cpu>(out.size(), f);
+  CHECK(out.to_vector() == y.to_vector());
+
+  const auto s = tg::slice_in_dim(x, 1, 5, 2, 1);
+  tg::Tensor<double> s2(s.shape());
+  tg::detail::index_map<tg::Cpu>(s2.size(), tg::detail::SliceFn<double>{x.data(), s2.data(), 5, 2, 24, 1, 2});
+  CHECK(s2.to_vector() == s.to_vector());
+  tg::Tensor<double> back(x.shape()), back_rows(x.shape());
+  tg::detail::index_map<tg::Cpu>(back.size(), tg::detail::SliceBackwardFn<double>{s.data(), back.data(), 5, 2, 24, 1, 2});
+  tg::detail::rows_or_elements<tg::Cpu>(back_rows.size(), 24, tg::detail::SliceBackwardFn<double>{s.data(), back_rows.data(), 5, 2, 24, 1, 2});
+  CHECK(back.to_vector() == back_rows.to_vector());
+
+  const auto idx = tg::from_vector(std::vector<std::int32_t>{4, -1, 7, 0});
+  const auto t = tg::take(x, idx, 1);
+  tg::Tensor<double> t2(t.shape());
+  tg::detail::index_map<tg::Cpu>(t2.size(), tg::detail::TakeFn<double>{x.data(), idx.data(), t2.data(), 5, 4, 24});
+  const auto tv = t.to_vector(), t2v = t2.to_vector();
+  bool same = true;
+  for (std::size_t i = 0; i < tv.size(); ++i) same = same && (tv[i] == t2v[i] || (std::isnan(tv[i]) && std::isnan(t2v[i])));
+  CHECK(same);
+
+  const auto c = tg::concatenate({x, x}, 2);
+  tg::Tensor<double> c2(c.shape());
+  for (std::int64_t off : {0, 4}) tg::detail::index_map<tg::Cpu>(x.size(), tg::detail::PlaceFn<double>{x.data(), c2.data(), 4, 8, 6, off});
+  CHECK(c2.to_vector() == c.to_vector());
+}
+#endif

@@ -28,15 +28,64 @@ struct PermuteFn {
   int rank = 0;
   std::int64_t dims[Shape::max_rank] = {};
   std::int64_t strides[Shape::max_rank] = {};
-  TG_HD void operator()(std::int64_t i) const {
-    std::int64_t off = 0, r = i;
+  /// The input offset of output element i.
+  TG_HD std::int64_t source(std::int64_t i) const {
+    std::int64_t off = 0;
     for (int d = rank - 1; d >= 0; --d) {
-      off += (r % dims[d]) * strides[d];
-      r /= dims[d];
+      off += (i % dims[d]) * strides[d];
+      i /= dims[d];
     }
-    y[i] = x[off];
+    return off;
+  }
+  TG_HD void operator()(std::int64_t i) const { y[i] = x[source(i)]; }
+};
+
+/// PermuteFn on the CPU: `rows` rows of the last output axis per item, the offset of the first computed
+/// once and the others stepped to with an odometer over the outer axes (no divisions), each row copied
+/// along its input stride (contiguous, so vectorised, when the last axis stays last).
+template <class T>
+struct PermuteRowsFn {
+  static constexpr std::int64_t rows = 64;
+  PermuteFn<T> f;
+  std::int64_t total_rows;
+  void operator()(std::int64_t item) const {
+    const int last = f.rank - 1;
+    const std::int64_t len = f.dims[last], step = f.strides[last];
+    const std::int64_t first = item * rows, end = first + rows < total_rows ? first + rows : total_rows;
+    std::int64_t coord[Shape::max_rank] = {};
+    for (std::int64_t r = first, d = last - 1; d >= 0; --d) coord[d] = r % f.dims[d], r /= f.dims[d];
+    std::int64_t off = f.source(first * len);
+    for (std::int64_t row = first; row < end; ++row) {
+      const T* __restrict src = f.x + off;
+      T* __restrict dst = f.y + row * len;
+      if (step == 1) {
+        for (std::int64_t k = 0; k < len; ++k) dst[k] = src[k];
+      } else {
+        for (std::int64_t k = 0; k < len; ++k) dst[k] = src[k * step];
+      }
+      for (int d = last - 1; d >= 0; --d) {  // the next row: increment the odometer
+        off += f.strides[d];
+        if (++coord[d] < f.dims[d]) break;
+        off -= f.strides[d] * f.dims[d];
+        coord[d] = 0;
+      }
+    }
   }
 };
+
+/// Runs an element functor F with members n-independent `inner` rows: on the CPU a row of `inner`
+/// contiguous output elements per item (F::row), on CUDA an element per thread (F::operator()).
+template <Device D, class F>
+void rows_or_elements(std::int64_t size, std::int64_t inner, const F& f) {
+  if (size == 0) return;
+  if constexpr (std::is_same_v<D, Cpu>) {
+    if (inner > 1) {
+      index_map<D>(size / inner, [f, inner](std::int64_t r) { f.row(r, inner); }, inner);
+      return;
+    }
+  }
+  index_map<D>(size, f);
+}
 
 /// Row-major strides of a shape.
 inline std::vector<std::int64_t> strides_of(const Shape& s) {
@@ -72,6 +121,13 @@ struct SliceFn {
     const std::int64_t in = i % inner, j = (i / inner) % len, o = i / (inner * len);
     y[i] = x[(o * n + start + j * step) * inner + in];
   }
+  /// Elements [r inner, (r + 1) inner): one (o, j) row, a contiguous copy.
+  void row(std::int64_t r, std::int64_t) const {
+    const std::int64_t j = r % len, o = r / len;
+    const T* __restrict src = x + (o * n + start + j * step) * inner;
+    T* __restrict dst = y + r * inner;
+    for (std::int64_t k = 0; k < inner; ++k) dst[k] = src[k];
+  }
 };
 
 /// The adjoint of SliceFn: dx (outer, n, inner) holds dy where the slice read, zero elsewhere.
@@ -85,6 +141,16 @@ struct SliceBackwardFn {
     const std::int64_t rel = k - start;
     const bool hit = rel >= 0 && rel % step == 0 && rel / step < len;
     dx[i] = hit ? dy[(o * len + rel / step) * inner + in] : convert_to<T>(0.0f);
+  }
+  void row(std::int64_t r, std::int64_t) const {
+    const std::int64_t k = r % n, o = r / n, rel = k - start;
+    T* __restrict dst = dx + r * inner;
+    if (rel >= 0 && rel % step == 0 && rel / step < len) {
+      const T* __restrict src = dy + (o * len + rel / step) * inner;
+      for (std::int64_t c = 0; c < inner; ++c) dst[c] = src[c];
+    } else {
+      for (std::int64_t c = 0; c < inner; ++c) dst[c] = convert_to<T>(0.0f);
+    }
   }
 };
 
@@ -106,6 +172,11 @@ struct TakeFn {
     const std::int64_t in = i % inner, k = (i / inner) % m, o = i / (inner * m);
     const std::int64_t j = take_index(idx[k], n);
     y[i] = j >= 0 ? x[(o * n + j) * inner + in] : convert_to<T>(NAN);
+  }
+  void row(std::int64_t r, std::int64_t) const {
+    const std::int64_t j = take_index(idx[r % m], n), o = r / m;
+    T* __restrict dst = y + r * inner;
+    for (std::int64_t c = 0; c < inner; ++c) dst[c] = j >= 0 ? x[(o * n + j) * inner + c] : convert_to<T>(NAN);
   }
 };
 
@@ -138,6 +209,12 @@ struct PlaceFn {
     const std::int64_t in = i % inner, j = (i / inner) % n, o = i / (inner * n);
     y[(o * total + offset + j) * inner + in] = x[i];
   }
+  void row(std::int64_t r, std::int64_t) const {
+    const std::int64_t j = r % n, o = r / n;
+    const T* __restrict src = x + r * inner;
+    T* __restrict dst = y + (o * total + offset + j) * inner;
+    for (std::int64_t c = 0; c < inner; ++c) dst[c] = src[c];
+  }
 };
 
 template <Element T, Device D>
@@ -168,7 +245,15 @@ Tensor<T, D> transpose(const Tensor<T, D>& x, std::span<const int> perm) {
   }
   Tensor<T, D> y{Shape(std::span<const std::int64_t>(out_dims))};
   f.x = x.data(), f.y = y.data();
-  if (y.size() > 0) detail::index_map<D>(y.size(), f);
+  if (y.size() > 0) {
+    if constexpr (std::is_same_v<D, Cpu>) {
+      using R = detail::PermuteRowsFn<T>;
+      const std::int64_t rows = y.size() / f.dims[f.rank - 1];
+      detail::index_map<D>((rows + R::rows - 1) / R::rows, R{f, rows}, R::rows * f.dims[f.rank - 1]);
+    } else {
+      detail::index_map<D>(y.size(), f);
+    }
+  }
   if constexpr (FloatElement<T>) {
     if (detail::recording(x)) {
       std::vector<int> inverse(p.size());
@@ -213,12 +298,12 @@ Tensor<T, D> slice_impl(const Tensor<T, D>& x, std::int64_t start, std::int64_t 
   std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end());
   dims[static_cast<std::size_t>(axis)] = len;
   Tensor<T, D> y{Shape(std::span<const std::int64_t>(dims))};
-  if (y.size() > 0) index_map<D>(y.size(), SliceFn<T>{x.data(), y.data(), v.n, len, v.inner, start, step});
+  rows_or_elements<D>(y.size(), v.inner, SliceFn<T>{x.data(), y.data(), v.n, len, v.inner, start, step});
   if constexpr (FloatElement<T>) {
     if (recording(x)) {
       record(y, {x.trace()}, [in = x.trace(), s = x.shape(), v, len, start, step](Tape& t, const Tensor<T, D>& dy) {
         Tensor<T, D> dx(s);
-        if (dx.size() > 0) index_map<D>(dx.size(), SliceBackwardFn<T>{dy.data(), dx.data(), v.n, len, v.inner, start, step});
+        rows_or_elements<D>(dx.size(), v.inner, SliceBackwardFn<T>{dy.data(), dx.data(), v.n, len, v.inner, start, step});
         t.accumulate(in, dx);
       });
     }
@@ -272,7 +357,7 @@ Tensor<T, D> take(const Tensor<T, D>& x, const Tensor<std::int32_t, D>& indices,
            indices.shape().str(), " from ", x.shape().str(), " would have rank ", dims.size(), " (at most ", Shape::max_rank, ")");
   Tensor<T, D> y{Shape(std::span<const std::int64_t>(dims))};
   const std::int64_t m = indices.size();
-  if (y.size() > 0) detail::index_map<D>(y.size(), detail::TakeFn<T>{x.data(), indices.data(), y.data(), v.n, m, v.inner});
+  detail::rows_or_elements<D>(y.size(), v.inner, detail::TakeFn<T>{x.data(), indices.data(), y.data(), v.n, m, v.inner});
   if (detail::recording(x)) {
     detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape(), idx = indices, v, m](detail::Tape& t, const Tensor<T, D>& dy) {
       Tensor<T, D> dx(s);
@@ -307,7 +392,7 @@ Tensor<T, D> concatenate(std::span<const Tensor<T, D>> xs, int axis = 0) {
   std::int64_t offset = 0;
   for (const auto& x : xs) {
     const detail::AxisView v = detail::axis_view(x.shape(), a);
-    if (x.size() > 0) detail::index_map<D>(x.size(), detail::PlaceFn<T>{x.data(), y.data(), v.n, total, v.inner, offset});
+    detail::rows_or_elements<D>(x.size(), v.inner, detail::PlaceFn<T>{x.data(), y.data(), v.n, total, v.inner, offset});
     offsets.push_back(offset);
     offset += v.n;
   }

@@ -56,11 +56,19 @@ struct BroadcastIndex {
   std::int64_t dims[Shape::max_rank] = {};
   std::int64_t strides[N][Shape::max_rank] = {};
   bool trivial[N] = {};  // input has the result's shape: offset == index
+  // Input k, without its leading 1s, is the result's trailing dimensions (a bias, a position embedding, a
+  // scalar): offset == index % period[k], one division instead of one per axis.
+  std::int64_t period[N] = {};
 
   BroadcastIndex(const Shape& out, const Shape* in[N]) : rank(out.rank()) {
     for (int d = 0; d < rank; ++d) dims[d] = out[d];
     for (int k = 0; k < N; ++k) {
       trivial[k] = *in[k] == out;
+      int lead = 0;
+      while (lead < in[k]->rank() && (*in[k])[lead] == 1) ++lead;
+      bool suffix = true;
+      for (int d = lead; d < in[k]->rank() && suffix; ++d) suffix = (*in[k])[d] == out[rank - in[k]->rank() + d];
+      period[k] = suffix ? in[k]->numel() : 0;
       std::int64_t stride = 1;
       for (int d = rank - 1; d >= 0; --d) {
         const int di = in[k]->rank() - rank + d;
@@ -73,6 +81,7 @@ struct BroadcastIndex {
 
   TG_HD std::int64_t offset(int k, std::int64_t i) const {
     if (trivial[k]) return i;
+    if (period[k] > 0) return i % period[k];
     std::int64_t off = 0;
     for (int d = rank - 1; d >= 0; --d) {
       const std::int64_t c = i % dims[d];

@@ -76,16 +76,59 @@ struct SoftmaxRowFn {
     using C = compute_t<T>;
     const T* xr = x + row * n;
     T* yr = y + row * n;
-    const auto [m, s] = max_sum_exp(xr, n, 1);
     if constexpr (Log) {
+      const auto [m, s] = max_sum_exp(xr, n, 1);
       const C lse = math::log(s);
       for (std::int64_t k = 0; k < n; ++k) yr[k] = convert_to<T>(convert_from<C>(xr[k]) - m - lse);
     } else {
+      // One exp per element: exp(x - max) summed as it is computed (the order max_sum_exp sums in), kept
+      // in y when T is the compute type, recomputed (identically) otherwise.
+      C m = lowest<C>();
+      for (std::int64_t k = 0; k < n; ++k) m = MaxReducer{}.step(m, convert_from<C>(xr[k]));
+      C s = C(0);
+      for (std::int64_t k = 0; k < n; ++k) {
+        const C e = math::exp(convert_from<C>(xr[k]) - m);
+        s += e;
+        if constexpr (std::is_same_v<T, C>) yr[k] = e;
+      }
       const C inv = C(1) / s;
-      for (std::int64_t k = 0; k < n; ++k) yr[k] = convert_to<T>(math::exp(convert_from<C>(xr[k]) - m) * inv);
+      for (std::int64_t k = 0; k < n; ++k) {
+        if constexpr (std::is_same_v<T, C>) yr[k] = yr[k] * inv;
+        else yr[k] = convert_to<T>(math::exp(convert_from<C>(xr[k]) - m) * inv);
+      }
     }
   }
 };
+
+/// The backward of softmax (log_softmax) for each row of (rows, n), from its output y: dx = y (dy - sum(dy y))
+/// (log: dx = dy - exp(y) sum(dy)), in one pass over the row.
+template <class T, bool Log>
+struct SoftmaxBackwardRowFn {
+  const T* y;
+  const T* dy;
+  T* dx;
+  std::int64_t n;
+  TG_HD void operator()(std::int64_t row) const {
+    using C = compute_t<T>;
+    const T* yr = y + row * n;
+    const T* gr = dy + row * n;
+    T* out = dx + row * n;
+    C s = C(0);
+    for (std::int64_t k = 0; k < n; ++k) s += Log ? convert_from<C>(gr[k]) : convert_from<C>(gr[k]) * convert_from<C>(yr[k]);
+    for (std::int64_t k = 0; k < n; ++k) {
+      const C yk = convert_from<C>(yr[k]), g = convert_from<C>(gr[k]);
+      out[k] = convert_to<T>(Log ? g - math::exp(yk) * s : yk * (g - s));
+    }
+  }
+};
+
+template <class T, bool Log, class D>
+Tensor<T, D> softmax_backward(const Tensor<T, D>& y, const Tensor<T, D>& dy) {
+  const std::int64_t n = y.dim(-1);
+  Tensor<T, D> dx(y.shape());
+  if (n > 0) index_map<D>(y.size() / n, SoftmaxBackwardRowFn<T, Log>{y.data(), dy.data(), dx.data(), n}, (Log ? 16 : 4) * n);
+  return dx;
+}
 
 /// Chunk size for whole-tensor reductions: partial results of fixed chunks, then of the partials.
 inline constexpr std::int64_t reduce_chunk = 4096;
@@ -265,9 +308,9 @@ Tensor<T, D> softmax(const Tensor<T, D>& x) {
   Tensor<T, D> y(x.shape());
   detail::index_map<D>(n ? x.size() / n : 0, detail::SoftmaxRowFn<T, false>{x.data(), y.data(), n}, 16 * n);
   if (detail::recording(x)) {
-    // dx = y * (dy - sum(dy * y)) along the last axis.
+    // dx = y * (dy - sum(dy * y)) along the last axis, one kernel.
     detail::record(y, {x.trace()}, [in = x.trace(), y0 = y.untraced()](detail::Tape& t, const Tensor<T, D>& dy) {
-      t.accumulate(in, mul(y0, sub(dy, sum(mul(dy, y0), -1, true))));
+      t.accumulate(in, detail::softmax_backward<T, false>(y0, dy));
     });
   }
   return y;
@@ -282,9 +325,9 @@ Tensor<T, D> log_softmax(const Tensor<T, D>& x) {
   Tensor<T, D> y(x.shape());
   detail::index_map<D>(n ? x.size() / n : 0, detail::SoftmaxRowFn<T, true>{x.data(), y.data(), n}, 16 * n);
   if (detail::recording(x)) {
-    // dx = dy - softmax(x) * sum(dy) along the last axis.
+    // dx = dy - softmax(x) * sum(dy) along the last axis, one kernel.
     detail::record(y, {x.trace()}, [in = x.trace(), y0 = y.untraced()](detail::Tape& t, const Tensor<T, D>& dy) {
-      t.accumulate(in, sub(dy, mul(exp(y0), sum(dy, -1, true))));
+      t.accumulate(in, detail::softmax_backward<T, true>(y0, dy));
     });
   }
   return y;
