@@ -17,7 +17,8 @@ struct DirectLt {
   void* workspace = nullptr;
   std::size_t ws_bytes = 32u << 20;
 
-  DirectLt(const StepGemm& s, cudaDataType_t type) {
+  /// `batch` > 1: a strided batch of that many GEMMs, each operand's matrices one after another.
+  DirectLt(const StepGemm& s, cudaDataType_t type, std::int64_t batch = 1) {
     TG_CUBLAS_CHECK(cublasLtCreate(&handle));
     TG_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t opa = s.tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = s.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -26,6 +27,15 @@ struct DirectLt {
     TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type, s.tb ? s.k : s.n, s.tb ? s.n : s.k, s.tb ? s.k : s.n));
     TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, s.ta ? s.m : s.k, s.ta ? s.k : s.m, s.ta ? s.m : s.k));
     TG_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, type, s.n, s.m, s.n));
+    if (batch > 1) {
+      const auto count = static_cast<std::int32_t>(batch);
+      const std::int64_t strides[3] = {s.k * s.n, s.m * s.k, s.m * s.n};
+      cublasLtMatrixLayout_t layouts[3] = {la, lb, lc};
+      for (int i = 0; i < 3; ++i) {
+        TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+        TG_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i], sizeof strides[i]));
+      }
+    }
     TG_CUDA_CHECK(cudaMalloc(&workspace, ws_bytes));
     cublasLtMatmulPreference_t pref;
     TG_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));

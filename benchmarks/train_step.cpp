@@ -35,6 +35,8 @@
 
 #include <omp.h>
 
+#include "../examples/vit_fashion_mnist/vit.hpp"
+
 namespace {
 
 #if defined(TG_BENCH_CUDA)
@@ -152,6 +154,7 @@ std::vector<Stats> measure(const std::vector<Mode>& modes, std::int64_t batch, i
 struct GemmList {
   std::int64_t m, n, k;
   bool ta, tb;
+  std::int64_t batch = 1;  ///< a strided batch of this many GEMMs
 };
 
 std::vector<GemmList> step_gemms(const Sizes& s) {
@@ -166,13 +169,12 @@ std::vector<GemmList> step_gemms(const Sizes& s) {
 struct GemmFloor {
   std::vector<std::unique_ptr<bench::DirectLt>> gemms;
   std::vector<tg::Tensor<float, Dev>> a, b, c;
-  GemmFloor(const Sizes& s, bool bf16) {
-    TG_CHECK(!bf16, "bench", "the bf16 floor is measured by bench_gemm_cuda");
-    for (const GemmList& g : step_gemms(s)) {
-      gemms.push_back(std::make_unique<bench::DirectLt>(bench::StepGemm{"", g.m, g.n, g.k, g.ta, g.tb}, CUDA_R_32F));
-      a.push_back(tg::zeros<float, Dev>({g.m * g.k}));
-      b.push_back(tg::zeros<float, Dev>({g.k * g.n}));
-      c.push_back(tg::zeros<float, Dev>({g.m * g.n}));
+  explicit GemmFloor(const std::vector<GemmList>& list) {
+    for (const GemmList& g : list) {
+      gemms.push_back(std::make_unique<bench::DirectLt>(bench::StepGemm{"", g.m, g.n, g.k, g.ta, g.tb}, CUDA_R_32F, g.batch));
+      a.push_back(tg::zeros<float, Dev>({g.batch * g.m * g.k}));
+      b.push_back(tg::zeros<float, Dev>({g.batch * g.k * g.n}));
+      c.push_back(tg::zeros<float, Dev>({g.batch * g.m * g.n}));
     }
   }
   Tensor run() {
@@ -187,7 +189,7 @@ struct GemmFloor {
 struct GraphFloor {
   GemmFloor gemms;
   cudaGraphExec_t exec = nullptr;
-  GraphFloor(const Sizes& s) : gemms(s, false) {
+  explicit GraphFloor(const std::vector<GemmList>& list) : gemms(list) {
     gemms.run();  // plans and workspace made outside the capture
     tg::cuda::synchronize();
     cudaGraph_t graph = nullptr;
@@ -214,13 +216,18 @@ struct GemmFloor {
   dnnl::stream stream{engine};
   std::vector<std::pair<dnnl::matmul, std::unordered_map<int, dnnl::memory>>> gemms;
 
-  GemmFloor(const Sizes& s, bool) {
+  explicit GemmFloor(const std::vector<GemmList>& list) {
     using dims = dnnl::memory::dims;
     const auto f32 = dnnl::memory::data_type::f32;
-    for (const GemmList& g : step_gemms(s)) {
-      const dnnl::memory::desc a(dims{g.m, g.k}, f32, g.ta ? dims{1, g.m} : dims{g.k, 1});
-      const dnnl::memory::desc b(dims{g.k, g.n}, f32, g.tb ? dims{1, g.k} : dims{g.n, 1});
-      const dnnl::memory::desc c(dims{g.m, g.n}, f32, dims{g.n, 1});
+    for (const GemmList& g : list) {
+      // A batch is a leading dimension whose stride is one whole matrix.
+      auto md = [&](std::int64_t r, std::int64_t c, dims strides) {
+        if (g.batch == 1) return dnnl::memory::desc(dims{r, c}, f32, strides);
+        return dnnl::memory::desc(dims{g.batch, r, c}, f32, dims{r * c, strides[0], strides[1]});
+      };
+      const dnnl::memory::desc a = md(g.m, g.k, g.ta ? dims{1, g.m} : dims{g.k, 1});
+      const dnnl::memory::desc b = md(g.k, g.n, g.tb ? dims{1, g.k} : dims{g.n, 1});
+      const dnnl::memory::desc c = md(g.m, g.n, dims{g.n, 1});
       const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine);
       std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(a, engine)}, {DNNL_ARG_WEIGHTS, dnnl::memory(b, engine)},
                                                  {DNNL_ARG_DST, dnnl::memory(c, engine)}};
@@ -326,10 +333,10 @@ std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes, 
   for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % static_cast<std::size_t>(s.out));
   const auto y = tg::from_vector<Dev>(labels);
   const int threads = omp_get_max_threads();
-  GemmFloor floor(s, false);
+  GemmFloor floor(step_gemms(s));
   std::vector<Mode> modes{{GemmFloor::name(), [&] { return floor.run(); }}};
 #if defined(TG_BENCH_CUDA)
-  GraphFloor graph_floor(s);
+  GraphFloor graph_floor(step_gemms(s));
   modes.push_back({"graph floor (8 GEMMs, 1 graph)", [&] { return graph_floor.run(); }});
 #endif
   if (all_modes) modes.push_back({"eager f32", eager<float>(init(s), x, y)});
@@ -359,6 +366,109 @@ std::vector<Row> run_modes(const Sizes& s, int runs, int steps, bool all_modes, 
   return rows;
 }
 
+// ---- The Vision Transformer of examples/vit_fashion_mnist (--model vit) ----
+
+/// The GEMMs of one ViT training step at batch B: each layer's forward GEMM and its two backward ones
+/// (the patch embedding needs no input gradient), the attention's batched GEMMs over B x heads.
+std::vector<GemmList> vit_gemms(const vit::Config& c, std::int64_t B) {
+  const std::int64_t R = B * c.tokens(), T = c.tokens(), hd = c.head_dim(), bh = B * c.heads, d = c.dim;
+  std::vector<GemmList> g;
+  auto dense = [&](std::int64_t m, std::int64_t k, std::int64_t n, bool input_grad) {
+    g.push_back({m, n, k, false, false});                  // y = x @ w
+    g.push_back({k, n, m, true, false});                   // dw = x^T @ dy
+    if (input_grad) g.push_back({m, k, n, false, true});   // dx = dy @ w^T
+  };
+  dense(R, c.patch_pixels(), d, false);
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    dense(R, d, 3 * d, true);
+    g.push_back({T, T, hd, false, true, bh}), g.push_back({T, hd, T, false, false, bh}), g.push_back({T, hd, T, true, false, bh});  // q k^T
+    g.push_back({T, hd, T, false, false, bh}), g.push_back({T, T, hd, false, true, bh}), g.push_back({T, hd, T, true, false, bh});  // p v
+    dense(R, d, d, true);
+    dense(R, d, c.mlp, true);
+    dense(R, c.mlp, d, true);
+  }
+  dense(B, d, c.classes, true);
+  return g;
+}
+
+using VitOptimizer = decltype(vit::make_optimizer(vit::OptimConfig{}));
+using VitState = decltype(std::declval<VitOptimizer>().init(std::declval<vit::Vit<Dev>>()));
+
+/// The example's compiled training step (vit::train_step) in compute type C, parameters and state donated.
+template <class C>
+Mode vit_compiled(const std::string& name, const vit::Config& c, const Tensor& x, const Labels& y) {
+  struct Loop {
+    vit::Config c;
+    VitOptimizer optimizer = vit::make_optimizer(vit::OptimConfig{});
+    vit::Vit<Dev> params;
+    VitState state;
+    tg::Tensor<std::uint32_t, Dev> key;
+  };
+  auto l = std::make_shared<Loop>();
+  l->c = c;
+  l->params = vit::init_params<Dev>(tg::random::key(0), c);
+  l->state = l->optimizer.init(l->params);
+  l->key = tg::random::key_data<Dev>(tg::random::key(1));
+  auto fn = [raw = l.get()](const vit::Vit<Dev>& p, const VitState& s, const Tensor& xb, const Labels& yb, const tg::Tensor<std::uint32_t, Dev>& k) {
+    return vit::train_step<C>(raw->optimizer, raw->c, p, s, xb, yb, k);
+  };
+  auto compiled = std::make_shared<decltype(tg::compile(fn))>(tg::compile(fn));
+  return {name,
+          [l, compiled, x, y]() {
+            auto [p, s, m] = (*compiled)(std::move(l->params), std::move(l->state), x, y, l->key);
+            l->params = std::move(p), l->state = std::move(s);
+            return m.loss;
+          },
+          [compiled] { return compiled->kernels(); }};
+}
+
+/// The same step run eagerly (the tape recorded every call).
+Mode vit_eager(const vit::Config& c, const Tensor& x, const Labels& y) {
+  auto optimizer = std::make_shared<VitOptimizer>(vit::make_optimizer(vit::OptimConfig{}));
+  auto p = std::make_shared<vit::Vit<Dev>>(vit::init_params<Dev>(tg::random::key(0), c));
+  auto state = std::make_shared<VitState>(optimizer->init(*p));
+  auto key = tg::random::key_data<Dev>(tg::random::key(1));
+  return {"ViT eager f32", [=]() {
+            auto [np, ns, m] = vit::train_step<float>(*optimizer, c, *p, *state, x, y, key);
+            *p = std::move(np), *state = std::move(ns);
+            return m.loss;
+          }};
+}
+
+/// The ViT modes at `batch`: the GEMM floor (the step's GEMMs through oneDNN / cuBLASLt directly), the
+/// compiled step in f32 and bf16 compute, and the eager step; examples/sec and tokens/sec (16 per image).
+std::vector<Row> run_vit(std::int64_t batch, int runs, int steps) {
+  const vit::Config c;
+  Sizes s;
+  s.batch = batch, s.in = 784, s.h1 = c.dim, s.h2 = c.mlp, s.out = c.classes;
+  const auto x = tg::random::uniform<float, Dev>(tg::random::key(2), {batch, 784});
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % 10);
+  const auto y = tg::from_vector<Dev>(labels);
+  GemmFloor floor(vit_gemms(c, batch));
+  std::vector<Mode> modes{{"ViT " + GemmFloor::name(), [&] { return floor.run(); }}};
+#if defined(TG_BENCH_CUDA)
+  GraphFloor graph_floor(vit_gemms(c, batch));
+  modes.push_back({"ViT graph floor", [&] { return graph_floor.run(); }});
+#endif
+  modes.push_back(vit_compiled<float>("ViT compiled f32", c, x, y));
+  modes.push_back(vit_compiled<tg::bf16>("ViT compiled bf16 compute", c, x, y));
+  modes.push_back(vit_eager(c, x, y));
+  std::printf("ViT step: %s, batch %lld, clip + adamw(warmup cosine), %zu GEMMs per step; median of %d runs x %d steps\n", c.str().c_str(),
+              static_cast<long long>(batch), vit_gemms(c, batch).size(), runs, steps);
+  const std::vector<Stats> stats = measure(modes, batch, runs, steps);
+  print_kernels(modes);
+  std::vector<Row> rows;
+  const int threads = omp_get_max_threads();
+  for (std::size_t m = 0; m < modes.size(); ++m) {
+    rows.push_back({modes[m].name, s, threads, stats[m], stats[m].median / stats[0].median});
+    std::printf("  %-30s batch %5lld  threads %2d  %9.0f ex/s  %11.0f tokens/s  (min %9.0f, max %9.0f ex/s)  %5.2f x floor\n",
+                modes[m].name.c_str(), static_cast<long long>(batch), threads, stats[m].median, stats[m].median * static_cast<double>(c.tokens()),
+                stats[m].min, stats[m].max, rows.back().floor_ratio);
+  }
+  return rows;
+}
+
 void print(const std::vector<Row>& rows) {
   for (const Row& r : rows)
     std::printf("  %-26s batch %5lld  hidden %4lld-%4lld  threads %2d  %10.0f ex/s  (min %9.0f, max %9.0f)  %5.2f x floor\n",
@@ -376,6 +486,7 @@ int main(int argc, char** argv) {
   std::string json_path = "train_step.json";
   [[maybe_unused]] bool keep_denormals = false;  // the CPU's setting (nvcc sees it set and never read)
   bool sweep = false, threads_sweep = false, tf32 = false;
+  std::string model = "mlp";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -390,10 +501,16 @@ int main(int argc, char** argv) {
     else if (a == "--threads-sweep") threads_sweep = true;
     else if (a == "--keep-denormals") keep_denormals = true;
     else if (a == "--tf32") tf32 = true;
+    else if (a == "--model") model = next();
     else {
-      std::fprintf(stderr, "usage: bench_train_step [--batch N] [--runs R] [--steps S] [--json path] [--sweep] [--threads-sweep] [--keep-denormals] [--tf32]\n");
+      std::fprintf(stderr, "usage: bench_train_step [--model mlp|vit] [--batch N] [--runs R] [--steps S] [--json path] [--sweep] [--threads-sweep] "
+                           "[--keep-denormals] [--tf32]\n");
       return 2;
     }
+  }
+  if (model != "mlp" && model != "vit") {
+    std::fprintf(stderr, "bench_train_step: --model must be mlp or vit, got %s\n", model.c_str());
+    return 2;
   }
 #if defined(TG_BENCH_CUDA)
   if (!tg::cuda::available()) {
@@ -410,6 +527,21 @@ int main(int argc, char** argv) {
               dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch, omp_get_max_threads(),
               keep_denormals ? "kept (IEEE)" : "flushed to zero");
 #endif
+  if (model == "vit") {
+    bool batch_given = false;
+    for (int i = 1; i < argc; ++i) batch_given = batch_given || std::string(argv[i]) == "--batch";
+    const std::vector<Row> rows = run_vit(batch_given ? sizes.batch : 128, runs, steps);
+    std::ofstream json(json_path);
+    json << "{\n  \"device\": \"" << device << "\",\n  \"model\": \"vit\",\n  \"tokens_per_example\": " << vit::Config{}.tokens()
+         << ",\n  \"rows\": [\n";
+    for (std::size_t i = 0; i < rows.size(); ++i)
+      json << "    {\"mode\": \"" << rows[i].mode << "\", \"batch\": " << rows[i].sizes.batch << ", \"examples_per_sec_median\": "
+           << rows[i].stats.median << ", \"min\": " << rows[i].stats.min << ", \"max\": " << rows[i].stats.max
+           << ", \"ratio_to_floor\": " << rows[i].floor_ratio << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
+    json << "  ]\n}\n";
+    std::printf("peak host RSS: %.1f MiB; peak device memory in use: %.1f MiB\n", peak_rss_mib(), peak_device_mib());
+    return json ? 0 : 1;
+  }
   std::printf("step: 784-%lld-%lld-10 GELU MLP, softmax cross-entropy, adamw(3e-3, wd 1e-4) (chain, run fused); median of %d runs x %d steps\n",
               static_cast<long long>(sizes.h1), static_cast<long long>(sizes.h2), runs, steps);
 #if !defined(TG_BENCH_CUDA)
