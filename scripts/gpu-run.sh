@@ -5,6 +5,8 @@
 # the [ops] and [optim] test cases); the benchmarks; the example in f32 and bf16; with Nsight Compute, a
 # per-kernel table of the training step; and the peer scripts (PyTorch with CUDA graphs, JAX with the
 # loop in one jit, the codelab's own JAX code) on the same GPU, so ratios come from one run.
+# The Vision Transformer example (f32 and bf16), its benchmark mode and its JAX reference's jitted step
+# run too. TG_GPU_PARTS (default "all") picks parts: tests, sanitizers, bench, example, ncu, peers, vit.
 #   bash run.sh [RESULTS_DIR]      RESULTS_DIR: $OUT if set, else ./gpu-results
 # Writes RESULTS_DIR/log.txt as it goes and RESULTS_DIR/results.tgz (every part's full log) at the end.
 # Without a GPU (no nvidia-smi, or it lists none) it is a dry run: it checks that every binary finds its
@@ -39,6 +41,8 @@ run() {
 }
 failed=()
 skip() { say "$1: skipped, $2"; }
+parts=" ${TG_GPU_PARTS:-all} "
+want() { [[ $parts == *" all "* || $parts == *" $1 "* ]]; }
 
 say "machine"
 cat "$g/MANIFEST" | tee -a "$log"
@@ -71,25 +75,43 @@ else
 fi
 
 if [ $gpu = 1 ]; then
-  TAILN=6 run 200 gpu_tests "$bin/tapegrad_gpu_tests"
-  grep -B2 -A12 FAILED "$w/res/gpu_tests.log" | head -80 | tee -a "$log"
+  if want tests; then
+    TAILN=6 run 200 gpu_tests "$bin/tapegrad_gpu_tests"
+    grep -B2 -A12 FAILED "$w/res/gpu_tests.log" | head -80 | tee -a "$log"
+  fi
   san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2> /dev/null | head -1)
-  if [ -n "$san" ]; then
+  if want vit; then
+    TAILN=24 run 240 vit_fashion_mnist_cuda "$bin/vit_fashion_mnist_cuda" --data-dir "$g/data" --out "$w/res/vit_f32" --no-download \
+      --golden "$g/vit_golden.json"
+    TAILN=12 run 150 bench_train_step_cuda_vit "$bin/bench_train_step_cuda" --model vit --json "$w/res/vit_step_cuda.json"
+    TAILN=2 run 150 jax_vit_f32 python3 "$g/vit_reference.py" bench --data-dir "$g/data" --steps 200 --dtype f32
+    TAILN=10 run 150 vit_fashion_mnist_cuda_bf16 "$bin/vit_fashion_mnist_cuda" --data-dir "$g/data" --out "$w/res/vit_bf16" --no-download \
+      --golden "$g/vit_golden.json" --dtype bf16 --epochs 4
+    TAILN=2 run 150 jax_vit_bf16 python3 "$g/vit_reference.py" bench --data-dir "$g/data" --steps 200 --dtype bf16
+    [ -n "$san" ] && TAILN=4 run 150 memcheck_transformer_ops "$san" --tool memcheck --error-exitcode 9 "$bin/tapegrad_gpu_tests" "[transformer]"
+  fi
+  if [ -n "$san" ] && want sanitizers; then
     TAILN=6 run 300 memcheck "$san" --tool memcheck --error-exitcode 9 "$bin/tapegrad_gpu_tests"
     step=("$bin/bench_train_step_cuda" --batch 512 --runs 1 --steps 2 --json "$w/res/sanitized_step.json")
     for tool in racecheck synccheck; do
       TAILN=4 run 150 "${tool}_step" "$san" --tool "$tool" --error-exitcode 9 "${step[@]}"
       TAILN=4 run 200 "${tool}_ops_optim" "$san" --tool "$tool" --error-exitcode 9 "$bin/tapegrad_gpu_tests" "[ops],[optim]"
     done
-  else
+  elif want sanitizers; then
     skip "compute-sanitizer" "not found"
   fi
-  TAILN=24 run 90 bench_gemm_cuda "$bin/bench_gemm_cuda"
-  TAILN=45 run 200 bench_train_step_cuda "$bin/bench_train_step_cuda" --json "$w/res/train_step_cuda.json" --sweep
-  TAILN=30 run 120 fashion_mnist_cuda "$bin/fashion_mnist_cuda" --data-dir "$g/data" --out "$w/res/fm_f32" --no-download
-  TAILN=30 run 120 fashion_mnist_cuda_bf16 "$bin/fashion_mnist_cuda" --data-dir "$g/data" --out "$w/res/fm_bf16" --no-download --dtype bf16
+  if want bench; then
+    TAILN=24 run 90 bench_gemm_cuda "$bin/bench_gemm_cuda"
+    TAILN=45 run 200 bench_train_step_cuda "$bin/bench_train_step_cuda" --json "$w/res/train_step_cuda.json" --sweep
+  fi
+  if want example; then
+    TAILN=30 run 120 fashion_mnist_cuda "$bin/fashion_mnist_cuda" --data-dir "$g/data" --out "$w/res/fm_f32" --no-download
+    TAILN=30 run 120 fashion_mnist_cuda_bf16 "$bin/fashion_mnist_cuda" --data-dir "$g/data" --out "$w/res/fm_bf16" --no-download --dtype bf16
+  fi
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
-  if [ -n "$ncu" ]; then
+  if ! want ncu; then
+    :
+  elif [ -n "$ncu" ]; then
     for b in 512 8192; do
       TAILN=2 run 150 "ncu_$b" "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
         "$bin/bench_train_step_cuda" --batch $b --runs 1 --steps 2 --json "$w/res/ncu_step_$b.json"
@@ -117,7 +139,9 @@ PY
   else
     skip "ncu per-kernel table" "Nsight Compute (ncu) not found"
   fi
-  if ls "$g"/peers/*.py > /dev/null 2>&1; then
+  if ! want peers; then
+    :
+  elif ls "$g"/peers/*.py > /dev/null 2>&1; then
     if [ -f "$g/peers/torch_gpu.py" ]; then
       TAILN=14 run 240 torch_gpu python3 "$g/peers/torch_gpu.py" --data-dir "$g/data" --batches 512,4096 \
         --modes eager_f32,graph_f32,graph_f32_tf32,graph_bf16,inductor_graph_f32,inductor_graph_bf16
@@ -134,13 +158,16 @@ PY
   fi
 else
   for part in "gpu_tests" "memcheck over the GPU suite" "racecheck and synccheck over the training step's kernels" \
-    "bench_gemm_cuda" "bench_train_step_cuda" "the example on the GPU (f32, bf16)" "ncu per-kernel table" "peers"; do
+    "bench_gemm_cuda" "bench_train_step_cuda" "the example on the GPU (f32, bf16)" "ncu per-kernel table" "peers" \
+    "the ViT example, its benchmark and its JAX peer on the GPU"; do
     skip "$part" "no GPU"
   done
   if [ $cuda_libs = 1 ]; then
     # The bundled example still runs, on the CPU (--device auto), which proves its libraries load.
     TAILN=6 run 120 fashion_mnist_cpu_fallback "$bin/fashion_mnist_cuda" --data-dir "$g/data" --out "$w/res/fm_cpu" \
       --no-download --steps 20 --log-every 10 --timing-steps 5 --quiet
+    TAILN=6 run 120 vit_cpu_fallback "$bin/vit_fashion_mnist_cuda" --data-dir "$g/data" --out "$w/res/vit_cpu" --no-download \
+      --golden "$g/vit_golden.json" --max-steps 20 --quiet
   fi
 fi
 say done

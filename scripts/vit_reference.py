@@ -38,7 +38,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from safetensors.numpy import load_file
 
 BLOCK_LEAVES = ("ln1_scale", "ln1_bias", "qkv_w", "qkv_b", "out_w", "out_b", "ln2_scale", "ln2_bias", "fc1_w", "fc1_b", "fc2_w", "fc2_b")
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
@@ -103,6 +102,8 @@ def tree_from_named(tensors, layers):
 
 def load_params(path, c):
     """The parameters saved by the C++ example, and the config with the file's number of blocks."""
+    from safetensors.numpy import load_file  # only here: bench without --params runs where safetensors is not installed
+
     tensors = load_file(path)
     layers = len({m.group(1) for m in (re.match(r"blocks\[(\d+)\]\.", name) for name in tensors) if m})
     c = dataclasses.replace(c, layers=layers)

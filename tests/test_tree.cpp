@@ -96,6 +96,27 @@ TEST_CASE("tree_map, zeros_like, global_norm and all_close", "[tree]") {
   CHECK(why == "enc.layers[0].w[0]: 1 vs 2");
 }
 
+TEST_CASE("global_norm of many leaves of many sizes equals the double reference", "[tree]") {
+  // 150 float leaves (three launches of up to 64 leaves), sizes from 0 to past several 256-element
+  // chunks, beside a double and a bf16 leaf.
+  std::vector<tg::Tensor<float>> floats;
+  double want = 0.0;
+  for (int i = 0; i < 150; ++i) {
+    const std::int64_t n = (i * 37) % 700;
+    const auto t = tg::random::normal<float>(tg::random::key(i), {n});
+    for (float v : t.to_vector()) want += static_cast<double>(v) * v;
+    floats.push_back(t);
+  }
+  const auto d = tg::random::normal<double>(tg::random::key(500), {33});
+  for (double v : d.to_vector()) want += v * v;
+  const auto b = tg::cast<tg::bf16>(tg::random::normal<float>(tg::random::key(501), {40}));
+  for (auto v : b.to_vector()) want += static_cast<double>(static_cast<float>(v)) * static_cast<float>(v);
+  const auto norm = tg::global_norm(std::tuple{floats, d, b});
+  CHECK(norm.item() == Approx(std::sqrt(want)).epsilon(2e-6));
+  CHECK(tg::global_norm(std::tuple{floats, d, b}).item() == norm.item());  // reproducible
+  CHECK(tg::global_norm(std::vector<tg::Tensor<float>>{}).item() == 0.0f);
+}
+
 TEST_CASE("mismatched structures are errors that name the path", "[tree][errors]") {
   auto a = make_model();
   auto b = make_model();

@@ -374,14 +374,13 @@ struct ClipByGlobalNorm {
   template <class Params> EmptyState init(const Params&) const { return {}; }
   template <class Params>
   std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
-    using D = tree_device_t<Params>;
     const auto norm = global_norm(updates);  // float, on the device
-    // optax: select(norm < max_norm, t, (t / norm) * max_norm), in each leaf's compute type.
-    const auto below = less(norm, full<float, D>(Shape{}, static_cast<float>(max_norm)));
+    // optax: select(norm < max_norm, t, (t / norm) * max_norm), in each leaf's compute type: one kernel
+    // per leaf, the norm read from the device.
     return {detail::map_float_leaves([&](const auto& g) {
               return detail::in_compute_type([&](const auto& gc) {
                 using C = typename std::remove_cvref_t<decltype(gc)>::value_type;
-                return where(below, gc, mul(div(gc, cast<C>(norm)), max_norm));
+                return map2(gc, cast<C>(norm), fn::ClipToNorm{max_norm}, "clip_by_global_norm");
               }, g);
             }, updates),
             {}};

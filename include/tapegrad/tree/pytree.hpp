@@ -14,6 +14,7 @@
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/indexing.hpp"
 #include "tapegrad/ops/reduce.hpp"
 
 // ---- TG_PYTREE(Type, fields...) ----
@@ -223,23 +224,71 @@ Tree tree_zeros_like(const Tree& tree) {
   }, tree);
 }
 
+namespace detail {
+
+/// Sums of squares of fixed chunks of up to `max_arrays` float arrays in one launch: item i is chunk i of
+/// the arrays taken in order (a chunk never straddles two arrays), its sum written to partial[i]. A whole
+/// tree's squares in one kernel, each chunk summed in index order, so the result is reproducible.
+struct SquareChunksFn {
+  static constexpr int max_arrays = 64;
+  static constexpr std::int64_t chunk = 256;
+  const float* data[max_arrays] = {};
+  std::int64_t size[max_arrays] = {};
+  std::int64_t first[max_arrays + 1] = {};  ///< the first chunk of each array; first[count] = all chunks
+  int count = 0;
+  float* partial = nullptr;
+  TG_HD void operator()(std::int64_t i) const {
+    int a = 0;
+    while (a + 1 < count && first[a + 1] <= i) ++a;
+    const std::int64_t begin = (i - first[a]) * chunk, end = begin + chunk < size[a] ? begin + chunk : size[a];
+    float s = 0.0f;
+    for (std::int64_t k = begin; k < end; ++k) s += data[a][k] * data[a][k];
+    partial[i] = s;
+  }
+};
+
+}  // namespace detail
+
 /// sqrt of the sum of squares of every floating leaf, as a 0-d float tensor on the leaves' device. Computed
 /// on the device (no host synchronisation), in float (double trees: double rounded to float at the end).
+/// The float leaves take one kernel per 64 leaves (sums of squares of 256-element chunks) and one sum of
+/// the chunks' results, in order: a few kernels for a whole model instead of several per leaf.
 template <class Tree>
 Tensor<float, tree_device_t<Tree>> global_norm(const Tree& tree) {
   using D = tree_device_t<Tree>;
   Tensor<double, D> total64;
   Tensor<float, D> total = zeros<float, D>(Shape{});
+  std::vector<Tensor<float, D>> floats, partials;
+  auto flush = [&] {
+    if (floats.empty()) return;
+    detail::SquareChunksFn f;
+    for (const auto& leaf : floats) {
+      f.data[f.count] = leaf.data(), f.size[f.count] = leaf.size();
+      f.first[f.count + 1] = f.first[f.count] + (leaf.size() + f.chunk - 1) / f.chunk;
+      ++f.count;
+    }
+    Tensor<float, D> partial(Shape{f.first[f.count]});
+    f.partial = partial.data();
+    if (partial.size() > 0) detail::index_map<D>(partial.size(), f, f.chunk);
+    partials.push_back(partial);
+    floats.clear();
+  };
   tree_for_each([&](const std::string&, const auto& leaf) {
     using L = std::remove_cvref_t<decltype(leaf)>;
     using T = typename L::value_type;
     if constexpr (std::is_same_v<T, double>) {
       const auto s = sum(square(leaf));
       total64 = total64.defined() ? add(total64, s) : s;
+    } else if constexpr (std::is_same_v<T, float>) {
+      floats.push_back(leaf.untraced());
+      if (floats.size() == static_cast<std::size_t>(detail::SquareChunksFn::max_arrays)) flush();
     } else if constexpr (FloatElement<T>) {
       total = add(total, sum(square(cast<float>(leaf))));
     }
   }, tree);
+  flush();
+  if (partials.size() == 1) total = add(total, sum(partials[0]));
+  else if (!partials.empty()) total = add(total, sum(concatenate(std::span<const Tensor<float, D>>(partials))));
   if (total64.defined()) total = add(total, cast<float>(total64));
   return sqrt(total);
 }
