@@ -208,9 +208,11 @@ struct LayerNormFn {
   }
 };
 
-/// layer_norm's backward, one item per chunk of `chunk` rows: for each row, with xhat = (x - mean) rstd
-/// and g = dy scale, dx = rstd (g - mean(g) - xhat mean(g xhat)); and the chunk's partial sums of
-/// dy xhat (dscale) and dy (dbias), summed over the chunks afterwards in a fixed order (no atomics).
+/// layer_norm's backward in one launch of rows + chunks * n items. Item r < rows is row r's input
+/// gradient: with xhat = (x - mean) rstd and g = dy scale, dx = rstd (g - mean(g) - xhat mean(g xhat)).
+/// Item rows + c n + k is chunk c's partial sums over its `chunk` rows of column k: dy xhat (for dscale)
+/// and dy (for dbias), summed over the chunks afterwards in a fixed order (no atomics). Every item's loop
+/// is short and keeps its sums in registers, so a GPU runs thousands of them side by side.
 template <class T>
 struct LayerNormBackwardFn {
   using C = compute_t<T>;
@@ -219,33 +221,37 @@ struct LayerNormBackwardFn {
   T* dx;
   C *dscale_partial, *dbias_partial;
   std::int64_t rows, n, chunk;
-  TG_HD void operator()(std::int64_t c) const {
-    C* ps = dscale_partial + c * n;
-    C* pb = dbias_partial + c * n;
-    for (std::int64_t k = 0; k < n; ++k) ps[k] = C(0), pb[k] = C(0);
-    const std::int64_t end = (c + 1) * chunk < rows ? (c + 1) * chunk : rows;
-    for (std::int64_t row = c * chunk; row < end; ++row) {
-      const T* xr = x + row * n;
-      const T* dyr = dy + row * n;
-      const C mu = mean[row], r = rstd[row];
+  TG_HD void operator()(std::int64_t i) const {
+    if (i < rows) {
+      const T* xr = x + i * n;
+      const T* dyr = dy + i * n;
+      const C mu = mean[i], r = rstd[i];
       C sum_g = C(0), sum_gx = C(0);
       for (std::int64_t k = 0; k < n; ++k) {
-        const C xhat = (convert_from<C>(xr[k]) - mu) * r, d = convert_from<C>(dyr[k]);
-        const C g = d * convert_from<C>(scale[k]);
-        sum_g += g, sum_gx += g * xhat;
-        ps[k] += d * xhat, pb[k] += d;
+        const C g = convert_from<C>(dyr[k]) * convert_from<C>(scale[k]);
+        sum_g += g, sum_gx += g * ((convert_from<C>(xr[k]) - mu) * r);
       }
       const C mg = sum_g / C(n), mgx = sum_gx / C(n);
-      T* dxr = dx + row * n;
+      T* dxr = dx + i * n;
       for (std::int64_t k = 0; k < n; ++k) {
         const C xhat = (convert_from<C>(xr[k]) - mu) * r;
         dxr[k] = convert_to<T>(r * (convert_from<C>(dyr[k]) * convert_from<C>(scale[k]) - mg - xhat * mgx));
       }
+      return;
     }
+    const std::int64_t j = i - rows, c = j / n, k = j % n;
+    const std::int64_t end = (c + 1) * chunk < rows ? (c + 1) * chunk : rows;
+    C ps = C(0), pb = C(0);
+    for (std::int64_t row = c * chunk; row < end; ++row) {
+      const C d = convert_from<C>(dy[row * n + k]);
+      ps += d * ((convert_from<C>(x[row * n + k]) - mean[row]) * rstd[row]);
+      pb += d;
+    }
+    dscale_partial[j] = ps, dbias_partial[j] = pb;
   }
 };
 
-/// Rows per item of LayerNormBackwardFn: fixed, so the parameter gradients' summation order is too.
+/// Rows per partial sum of LayerNormBackwardFn: fixed, so the parameter gradients' summation order is too.
 inline constexpr std::int64_t layer_norm_chunk = 16;
 
 /// y = keep ? x / keep_prob : 0 with keep = uniform(key)[i] < keep_prob: jax.random.bernoulli's draw and
@@ -292,7 +298,8 @@ inline void check_rate(double rate) {
 
 /// Layer normalisation over the last axis, as flax.linen.LayerNorm: (x - mean) / sqrt(var + eps) * scale
 /// + bias, with scale and bias of shape (n,) for x (..., n). Statistics in f32 for bf16 inputs. One fused
-/// kernel forward; backward one fused kernel for dx and the chunked parameter sums, then their reduction.
+/// kernel forward (a row per item); backward one fused kernel (a row's dx or a chunk's column sums per
+/// item), then the reduction of the chunks' sums.
 template <FloatElement T, Device D>
 Tensor<T, D> layer_norm(const Tensor<T, D>& x, const Tensor<T, D>& scale, const Tensor<T, D>& bias, double eps = 1e-6) {
   using C = compute_t<T>;
@@ -316,8 +323,8 @@ Tensor<T, D> layer_norm(const Tensor<T, D>& x, const Tensor<T, D>& scale, const 
                      Tensor<T, D> dx(x0.shape());
                      Tensor<C, D> ps(Shape{chunks, n}), pb(Shape{chunks, n});
                      if (chunks > 0 && n > 0)
-                       detail::index_map<D>(chunks, detail::LayerNormBackwardFn<T>{x0.data(), s0.data(), dy.data(), mean.data(), rstd.data(), dx.data(),
-                                                                                    ps.data(), pb.data(), rows, n, chunk}, 12 * chunk * n);
+                       detail::index_map<D>(rows + chunks * n, detail::LayerNormBackwardFn<T>{x0.data(), s0.data(), dy.data(), mean.data(), rstd.data(),
+                                                                                               dx.data(), ps.data(), pb.data(), rows, n, chunk}, 8 * n);
                      t.accumulate(tx, dx);
                      if (t.owns(ts)) t.accumulate(ts, detail::reduce_axis<detail::SumReducer, T>(ps, 0, false, "layer_norm"));
                      if (t.owns(tb)) t.accumulate(tb, detail::reduce_axis<detail::SumReducer, T>(pb, 0, false, "layer_norm"));
