@@ -36,7 +36,7 @@ namespace {
 struct Options {
   vit::Config model;
   vit::OptimConfig optim;
-  int epochs = 14;
+  int epochs = 20;
   std::int64_t batch = 128;
   int max_steps = 0;  ///< stop after this many steps (0: all epochs), for smoke tests
   int log_every = 50;
