@@ -368,22 +368,93 @@ inline Clip clip(double max_delta) {
   return {max_delta};
 }
 
+namespace detail {
+
+/// Up to 32 leaves of one dtype, passed by value (the launch can be captured in a CUDA Graph); a flat index
+/// finds its leaf by binary search over the offsets.
+template <class T>
+struct ClipLeaves {
+  static constexpr int capacity = 32;
+  int n = 0;
+  std::int64_t offset[capacity + 1] = {};
+  const T* in[capacity] = {};
+  T* out[capacity] = {};
+};
+
+/// clip_by_global_norm's rescale (fn::ClipToNorm, in the compute type) over up to 32 leaves in one launch:
+/// element `flat` of the leaves taken in order, the norm read from the device.
+template <class T>
+struct ClipLeavesFn {
+  ClipLeaves<T> leaves;
+  const float* norm;
+  double max_norm;
+  TG_HD void element(int k, std::int64_t i) const {
+    using C = compute_t<T>;
+    leaves.out[k][i] = ::tg::detail::convert_to<T>(fn::ClipToNorm{max_norm}(::tg::detail::convert_from<C>(leaves.in[k][i]), static_cast<C>(norm[0])));
+  }
+  TG_HD void operator()(std::int64_t flat) const {
+    int lo = 0, hi = leaves.n - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (leaves.offset[mid] <= flat) lo = mid;
+      else hi = mid - 1;
+    }
+    element(lo, flat - leaves.offset[lo]);
+  }
+};
+
+template <class T, class D>
+void run_clip(ClipLeaves<T>& batch, const float* norm, double max_norm) {
+  if (batch.n == 0) return;
+  const ClipLeavesFn<T> fn{batch, norm, max_norm};
+  if constexpr (std::is_same_v<D, Cpu>) {
+    // One parallel region, each leaf's elements split among the threads (no search per element).
+    ::tg::detail::cpu_kernel([fn] {
+#pragma omp parallel
+      for (int k = 0; k < fn.leaves.n; ++k) {
+        const std::int64_t n = fn.leaves.offset[k + 1] - fn.leaves.offset[k];
+#pragma omp for schedule(static) nowait
+        for (std::int64_t i = 0; i < n; ++i) fn.element(k, i);
+      }
+    });
+  } else {
+    ::tg::detail::index_map<D>(batch.offset[batch.n], fn);
+  }
+  batch = ClipLeaves<T>{};
+}
+
+}  // namespace detail
+
 /// Rescales the updates to global norm max_norm when their global norm exceeds it (computed on the device).
 struct ClipByGlobalNorm {
   double max_norm = 1.0;
   template <class Params> EmptyState init(const Params&) const { return {}; }
   template <class Params>
   std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
+    using D = tree_device_t<Params>;
     const auto norm = global_norm(updates);  // float, on the device
-    // optax: select(norm < max_norm, t, (t / norm) * max_norm), in each leaf's compute type: one kernel
-    // per leaf, the norm read from the device.
-    return {detail::map_float_leaves([&](const auto& g) {
-              return detail::in_compute_type([&](const auto& gc) {
-                using C = typename std::remove_cvref_t<decltype(gc)>::value_type;
-                return map2(gc, cast<C>(norm), fn::ClipToNorm{max_norm}, "clip_by_global_norm");
-              }, g);
-            }, updates),
-            {}};
+    // optax: select(norm < max_norm, t, (t / norm) * max_norm), in each leaf's compute type: one launch
+    // per 32 leaves of a dtype, the norm read from the device.
+    std::tuple<detail::ClipLeaves<float>, detail::ClipLeaves<double>, detail::ClipLeaves<bf16>> batches;
+    Params out = tree_map([&](const auto& g) {
+      using L = std::remove_cvref_t<decltype(g)>;
+      using T = typename L::value_type;
+      if constexpr (FloatElement<T>) {
+        L o(g.shape());
+        auto& batch = std::get<detail::ClipLeaves<T>>(batches);
+        const int k = batch.n++;
+        batch.in[k] = g.data(), batch.out[k] = o.data();
+        batch.offset[k + 1] = batch.offset[k] + g.size();
+        if (batch.n == detail::ClipLeaves<T>::capacity) detail::run_clip<T, D>(batch, norm.data(), max_norm);
+        return o;
+      } else {
+        return g;
+      }
+    }, updates);
+    detail::run_clip<float, D>(std::get<0>(batches), norm.data(), max_norm);
+    detail::run_clip<double, D>(std::get<1>(batches), norm.data(), max_norm);
+    detail::run_clip<bf16, D>(std::get<2>(batches), norm.data(), max_norm);
+    return {out, {}};
   }
 };
 inline ClipByGlobalNorm clip_by_global_norm(double max_norm) {
