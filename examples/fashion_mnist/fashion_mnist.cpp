@@ -34,6 +34,7 @@
 
 #include "codelab.hpp"
 #include "dataset.hpp"
+#include "outputs.hpp"
 #include "report.hpp"
 
 namespace fm = fashion_mnist;
@@ -619,42 +620,6 @@ int run(const Config& c, fm::Loaded& data, Outputs& out) {
 
 namespace {
 
-/// Writes `bytes` to `path` through a temporary file and a rename: a file under --out is whole or absent.
-void write_whole(const std::filesystem::path& path, const std::string& bytes) {
-  tg::io::write_file_atomically(path.string(), bytes);
-}
-
-std::string as_string(const std::vector<std::uint8_t>& b) { return std::string(b.begin(), b.end()); }
-
-/// Fails before any training, exit 2, when --out cannot be created or written: each missing folder is
-/// created and a probe file written and removed, then what was created is removed again (a run that
-/// fails later leaves nothing), and the reason names the folder and the system's answer.
-void check_output_dir(const std::string& out) {
-  namespace fs = std::filesystem;
-  const fs::path dir(out);
-  std::vector<fs::path> created;
-  for (fs::path p = dir; !p.empty() && !fs::exists(p); p = p.parent_path()) created.push_back(p);
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw fm::DataError("--out " + out + ": cannot create this folder (" + ec.message() + "); choose a writable place for the outputs");
-  if (!fs::is_directory(dir)) throw fm::DataError("--out " + out + ": not a folder; choose a folder for the outputs");
-  const fs::path probe = dir / (".fashion_mnist_probe_" + std::to_string(::getpid()));
-  {
-    std::ofstream f(probe);
-    f << "probe";
-    f.close();
-    if (!f) {
-      const std::string why = std::strerror(errno);
-      std::error_code ignored;
-      fs::remove(probe, ignored);
-      for (const fs::path& p : created) fs::remove(p, ignored);
-      throw fm::DataError("--out " + out + ": cannot write into this folder (" + why + "); choose a writable place for the outputs");
-    }
-  }
-  fs::remove(probe, ec);
-  for (const fs::path& p : created) fs::remove(p, ec);  // deepest first
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -715,7 +680,7 @@ int main(int argc, char** argv) {
 #endif
     if (!c.quiet) std::cout << "fashion_mnist: tapegrad " << tg::version << "\n== finding the data\n";
     fm::Loaded data = fm::find_and_load(c.data_dir, !c.no_download, !c.no_verify, c.quiet);
-    if (c.rank == 0) check_output_dir(c.out);  // before training, not after it
+    if (c.rank == 0) fm::check_output_dir(c.out);  // before training, not after it
     Outputs out;
     const auto t0 = clock_type::now();
 #if defined(TG_WITH_CUDA)
@@ -730,12 +695,12 @@ int main(int argc, char** argv) {
     // Everything is written at the end, each file whole or not at all (by rank 0 alone).
     const std::filesystem::path dir(c.out);
     std::filesystem::create_directories(dir);  // checked writable before training
-    write_whole(dir / "class_examples.png", as_string(out.class_png));
-    write_whole(dir / "test_predictions.png", as_string(out.predictions_png));
-    write_whole(dir / "metrics.json", out.metrics.dump(2) + "\n");
+    fm::write_whole(dir / "class_examples.png", fm::as_string(out.class_png));
+    fm::write_whole(dir / "test_predictions.png", fm::as_string(out.predictions_png));
+    fm::write_whole(dir / "metrics.json", out.metrics.dump(2) + "\n");
     out.save_params((dir / "params.safetensors").string());
     if (out.save_checkpoint) out.save_checkpoint(c.save);
-    write_whole(dir / "report.html", out.report.document("tapegrad: Fashion-MNIST, the codelab end to end"));
+    fm::write_whole(dir / "report.html", out.report.document("tapegrad: Fashion-MNIST, the codelab end to end"));
     if (!c.quiet)
       std::cout << "wrote " << (dir / "report.html").string() << ", metrics.json, class_examples.png, test_predictions.png, params.safetensors ("
                 << fm::fmt("%.1f", seconds_since(t0)) << " s)\n";

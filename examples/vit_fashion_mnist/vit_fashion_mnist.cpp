@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "../fashion_mnist/dataset.hpp"
+#include "../fashion_mnist/outputs.hpp"
 #include "../fashion_mnist/report.hpp"
 #include "vit.hpp"
 
@@ -73,24 +74,6 @@ std::int64_t count_params(const P& params) {
     if constexpr (!std::is_same_v<std::remove_cvref_t<decltype(leaf)>, bool>) n += leaf.size();
   }, params);
   return n;
-}
-
-/// Creates --out if needed and checks that a file can be written there, before any training.
-void check_output_dir(const std::string& out) {
-  std::error_code ec;
-  std::filesystem::create_directories(out, ec);
-  const std::filesystem::path probe = std::filesystem::path(out) / ".vit_probe";
-  std::ofstream f(probe);
-  f << "probe";
-  f.close();
-  const bool ok = !ec && static_cast<bool>(f);
-  std::filesystem::remove(probe, ec);
-  if (!ok) throw fm::DataError("--out " + out + ": cannot write into this folder; choose a writable place for the outputs");
-}
-
-/// Writes `bytes` to `path` atomically (tg::io::write_file_atomically): whole or not at all.
-void write_whole(const std::filesystem::path& path, const std::string& bytes) {
-  tg::io::write_file_atomically(path.string(), bytes);
 }
 
 /// A heatmap of a (rows, cols) matrix of weights in [0, max], each cell `scale` pixels, white to dark blue.
@@ -469,7 +452,7 @@ int main(int argc, char** argv) {
     if (o.device == "cuda") throw fm::DataError("--device cuda: this build has no CUDA (built by g++); build vit_fashion_mnist_cuda with nvcc");
 #endif
     const fm::Loaded data = fm::find_and_load(o.data_dir, !o.no_download, true, o.quiet);
-    if (!o.check_golden && o.export_init.empty()) check_output_dir(o.out);  // before training, not after it
+    if (!o.check_golden && o.export_init.empty()) fm::check_output_dir(o.out);  // before training, not after it
     json metrics;
     fm::Report report;
     const auto t0 = clock_type::now();
@@ -483,8 +466,8 @@ int main(int argc, char** argv) {
     metrics["seconds"] = seconds_since(t0);
     const std::filesystem::path dir(o.out);
     std::filesystem::create_directories(dir);
-    write_whole(dir / "metrics.json", metrics.dump(2) + "\n");
-    write_whole(dir / "report.html", report.document("tapegrad: a Vision Transformer on Fashion-MNIST"));
+    fm::write_whole(dir / "metrics.json", metrics.dump(2) + "\n");
+    fm::write_whole(dir / "report.html", report.document("tapegrad: a Vision Transformer on Fashion-MNIST"));
     if (!o.quiet) std::cout << "wrote " << (dir / "report.html").string() << " and metrics.json (" << fm::fmt("%.1f", seconds_since(t0)) << " s)\n";
     return rc;
   } catch (const fm::DataError& e) {

@@ -73,8 +73,8 @@ struct PermuteRowsFn {
   }
 };
 
-/// Runs an element functor F with members n-independent `inner` rows: on the CPU a row of `inner`
-/// contiguous output elements per item (F::row), on CUDA an element per thread (F::operator()).
+/// Runs a copy functor over `size` output elements that come in rows of `inner` contiguous ones: on the
+/// CPU a row per item (F::row), on CUDA an element per thread (F::operator()).
 template <Device D, class F>
 void rows_or_elements(std::int64_t size, std::int64_t inner, const F& f) {
   if (size == 0) return;

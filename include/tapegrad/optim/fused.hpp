@@ -152,13 +152,7 @@ struct FusedAdamWFn {
   /// Element `flat` of the concatenated leaves.
   TG_HD void operator()(std::int64_t flat) const {
     using C = compute_t<T>;
-    int lo = 0, hi = leaves.n - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (leaves.offset[mid] <= flat) lo = mid;
-      else hi = mid - 1;
-    }
-    const int k = lo;
+    const int k = leaf_of(leaves.offset, leaves.n, flat);
     const std::int64_t i = flat - leaves.offset[k];
     const AdamWScalars<T, Step> sc = scalars();
     const T p = leaves.p[k][i];

@@ -370,6 +370,18 @@ inline Clip clip(double max_delta) {
 
 namespace detail {
 
+/// The leaf holding element `flat` of n leaves laid end to end from offset[0] = 0: the last whose offset is
+/// <= flat (a binary search, so empty leaves are passed over). The multi-leaf kernels find their leaf so.
+TG_HD inline int leaf_of(const std::int64_t* offset, int n, std::int64_t flat) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (offset[mid] <= flat) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 /// Up to 32 leaves of one dtype, passed by value (the launch can be captured in a CUDA Graph); a flat index
 /// finds its leaf by binary search over the offsets.
 template <class T>
@@ -393,13 +405,8 @@ struct ClipLeavesFn {
     leaves.out[k][i] = ::tg::detail::convert_to<T>(fn::ClipToNorm{max_norm}(::tg::detail::convert_from<C>(leaves.in[k][i]), static_cast<C>(norm[0])));
   }
   TG_HD void operator()(std::int64_t flat) const {
-    int lo = 0, hi = leaves.n - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (leaves.offset[mid] <= flat) lo = mid;
-      else hi = mid - 1;
-    }
-    element(lo, flat - leaves.offset[lo]);
+    const int k = leaf_of(leaves.offset, leaves.n, flat);
+    element(k, flat - leaves.offset[k]);
   }
 };
 
