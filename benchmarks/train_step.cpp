@@ -75,7 +75,7 @@ Tensor loss(const Mlp<float>& p, const Tensor& x, const Labels& y) {
   return tg::mean(tg::softmax_cross_entropy_with_integer_labels(logits, y));
 }
 
-// Optax's adamw as users write it: chain() runs its atoms as one fused pass.
+// Optax's adamw as users write it: tg::optim::adamw runs its atoms as one pass (optim/adamw.hpp).
 const auto optimizer = tg::optim::adamw(3e-3, {.weight_decay = 1e-4});
 using OptState = decltype(optimizer.init(std::declval<Mlp<float>>()));
 
@@ -542,7 +542,7 @@ int main(int argc, char** argv) {
     std::printf("peak host RSS: %.1f MiB; peak device memory in use: %.1f MiB\n", peak_rss_mib(), peak_device_mib());
     return json ? 0 : 1;
   }
-  std::printf("step: 784-%lld-%lld-10 GELU MLP, softmax cross-entropy, adamw(3e-3, wd 1e-4) (chain, run fused); median of %d runs x %d steps\n",
+  std::printf("step: 784-%lld-%lld-10 GELU MLP, softmax cross-entropy, adamw(3e-3, wd 1e-4) (its atoms in one pass); median of %d runs x %d steps\n",
               static_cast<long long>(sizes.h1), static_cast<long long>(sizes.h2), runs, steps);
 #if !defined(TG_BENCH_CUDA)
   if (tf32) std::printf("--tf32: the CPU has no TF32; no such row here\n");

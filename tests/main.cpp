@@ -2,7 +2,7 @@
 // SKIP_RETURN_CODE) on a machine without a GPU instead of failing.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
-#include <tapegrad/core/device.hpp>
+#include <tapegrad/runtime/device.hpp>
 
 #include <iostream>
 

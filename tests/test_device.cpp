@@ -20,6 +20,16 @@ TEST_CASE("a CPU-only build reports no CUDA devices", "[device]") {
 TEST_CASE("asking for CUDA tensors without CUDA support says how to enable it", "[device][errors]") {
   CHECK_THROWS_WITH((tg::zeros<float, tg::Cuda>({2, 2})), Contains("CUDA support not compiled in"));
   CHECK_THROWS_WITH(tg::device_put<tg::Cuda>(tg::ones<float>({3})), Contains("link tapegrad::cuda"));
+  CHECK_THROWS_WITH(tg::cuda::GraphCapture(), Contains("[cuda::GraphCapture] CUDA support not compiled in"));
+  CHECK_THROWS_WITH(tg::device_name<tg::Cuda>(), Contains("[device_name] CUDA support not compiled in"));
+}
+
+TEST_CASE("with_device picks the device at run time; a CPU-only build runs \"auto\" on the CPU", "[device]") {
+  auto which = [](const char* device) { return tg::with_device(device, [&]<class D>() { return tg::device_name<D>(); }); };
+  CHECK(which("cpu") == "cpu");
+  CHECK(which("auto") == "cpu");
+  CHECK_THROWS_WITH(which("cuda"), Contains("[with_device(cuda)] CUDA support not compiled in: build this file with nvcc and link tapegrad::cuda"));
+  CHECK_THROWS_WITH(which("gpu"), Contains("[with_device] unknown device 'gpu'; use auto, cpu or cuda"));
 }
 #endif
 

@@ -31,7 +31,7 @@ template <class T = float>
 tg::Tensor<T, D> input(int seed, const tg::Shape& shape, double scale = 1.0, double shift = 0.0) {
   auto z = rnd::normal<double>(rnd::key(seed), shape).to_vector();
   std::vector<T> v(z.size());
-  for (std::size_t i = 0; i < z.size(); ++i) v[i] = tg::detail::from_double<T>(z[i] * scale + shift);
+  for (std::size_t i = 0; i < z.size(); ++i) v[i] = tg::detail::convert_to<T>(z[i] * scale + shift);
   return tg::from_vector<D>(v, shape);
 }
 

@@ -110,6 +110,15 @@ TEST_CASE("keys, split and fold_in equal JAX's", "[random][jax]") {
   require_bitwise("fold_in/1/7", key_words({rnd::fold_in(rnd::key(1), 7)}));
   require_bitwise("fold_in/1/4294967295", key_words({rnd::fold_in(rnd::key(1), 0xFFFFFFFFu)}));
   CHECK(rnd::key(1LL << 40) == rnd::Key{256u, 0u});  // beyond 32 bits: JAX's x64 layout
+  // fold_in of a key held on the device (key_data), as a compiled step derives per-site keys.
+  require_bitwise("fold_in/1/7", rnd::fold_in(rnd::key_data<D>(rnd::key(1)), 7).to_vector());
+  require_bitwise("fold_in/1/4294967295", rnd::fold_in(rnd::key_data<D>(rnd::key(1)), 0xFFFFFFFFu).to_vector());
+  auto derive = tg::compile([](const tg::Tensor<std::uint32_t, D>& k) { return rnd::fold_in(rnd::fold_in(k, 3), 1000); });
+  for (int seed : {5, 6}) {  // recorded, then replayed with another key
+    const auto want = rnd::fold_in(rnd::fold_in(rnd::key(seed), 3), 1000);
+    CHECK(derive(rnd::key_data<D>(rnd::key(seed))).to_vector() == std::vector<std::uint32_t>{want.k0, want.k1});
+  }
+  CHECK_THROWS_WITH(rnd::fold_in(tg::zeros<std::uint32_t, D>({3}), 1), Catch::Matchers::Contains("[random::fold_in] a key tensor must have shape (2,)"));
 }
 
 TEST_CASE("random bits and uniforms equal JAX's bit for bit", "[random][jax]") {

@@ -5,6 +5,8 @@
 #include "test_common.hpp"
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 using Catch::Matchers::Contains;
@@ -63,7 +65,7 @@ inline std::vector<double> ref_matmul(const std::vector<double>& a, const tg::Sh
   std::int64_t batches = 1;
   for (auto d : dims) batches *= d;
   dims.push_back(m), dims.push_back(n);
-  out = tg::Shape(std::span<const std::int64_t>(dims));
+  out = tg::Shape(dims);
   std::vector<double> c(static_cast<std::size_t>(batches * m * n), 0.0);
   for (std::int64_t bi = 0; bi < batches; ++bi) {
     // Offsets of the batch in a and b (broadcast axes read index 0).
@@ -313,3 +315,109 @@ TEST_CASE("the per-element index functors CUDA runs equal the CPU's row forms", 
   CHECK(c2.to_vector() == c.to_vector());
 }
 #endif
+
+namespace tops {
+
+/// jnp.einsum in double by the definition: every assignment of the indices, products summed.
+inline std::vector<double> ref_einsum(const std::string& spec, const tg::Tensor<double, D>& a, const tg::Tensor<double, D>& b) {
+  const auto arrow = spec.find("->"), comma = spec.find(',');
+  const std::string la = spec.substr(0, comma), lb = spec.substr(comma + 1, arrow - comma - 1), lo = spec.substr(arrow + 2);
+  std::string all;
+  std::map<char, std::int64_t> size;
+  for (std::size_t i = 0; i < la.size(); ++i) size[la[i]] = a.dim(static_cast<int>(i));
+  for (std::size_t i = 0; i < lb.size(); ++i) size[lb[i]] = b.dim(static_cast<int>(i));
+  for (const auto& [c, n] : size) all += c;
+  const auto av = a.to_vector(), bv = b.to_vector();
+  auto offset = [&](const std::string& term, const std::map<char, std::int64_t>& at) {
+    std::int64_t off = 0;
+    for (char c : term) off = off * size[c] + at.at(c);
+    return off;
+  };
+  std::int64_t out_size = 1;
+  for (char c : lo) out_size *= size[c];
+  std::vector<double> out(static_cast<std::size_t>(out_size), 0.0);
+  std::map<char, std::int64_t> at;
+  for (char c : all) at[c] = 0;
+  while (true) {
+    out[static_cast<std::size_t>(offset(lo, at))] += av[static_cast<std::size_t>(offset(la, at))] * bv[static_cast<std::size_t>(offset(lb, at))];
+    int i = static_cast<int>(all.size()) - 1;
+    for (; i >= 0; --i) {
+      if (++at[all[static_cast<std::size_t>(i)]] < size[all[static_cast<std::size_t>(i)]]) break;
+      at[all[static_cast<std::size_t>(i)]] = 0;
+    }
+    if (i < 0) break;
+  }
+  return out;
+}
+
+/// The CPU kernels a function records (as tg::compile counts them).
+template <class F>
+std::size_t kernels_of(F f) {
+  tg::detail::Recorder recorder;
+  {
+    tg::detail::ActiveRecorder active(recorder);
+    (void)f();
+  }
+  return recorder.cpu_kernels.size();
+}
+
+}  // namespace tops
+
+TEST_CASE("einsum of two operands equals the definition, in one GEMM, with finite-difference gradients", "[ops][transformer][einsum]") {
+  struct Case {
+    std::string spec;
+    tg::Shape a, b;
+  };
+  const std::vector<Case> cases = {
+      {"ij,jk->ik", {3, 4}, {4, 5}},              // a matmul
+      {"bhqd,bhkd->bhqk", {2, 3, 4, 5}, {2, 3, 6, 5}},  // attention's scores: k read transposed in place
+      {"bhqk,bhkd->bhqd", {2, 3, 4, 6}, {2, 3, 6, 5}},  // attention's weighted values
+      {"ik,jk->ij", {3, 4}, {5, 4}},
+      {"ki,kj->ij", {4, 3}, {4, 5}},
+      {"bij,bjk->bki", {2, 3, 4}, {2, 4, 5}},     // the output permuted
+      {"ij,k->ijk", {2, 3}, {4}},                 // an outer product: nothing contracted
+      {"abc,cd->ad", {2, 3, 4}, {4, 5}},          // b appears once: summed first
+      {"ij,ij->i", {3, 4}, {3, 4}},               // a batch of dot products
+      {"bqhd,bkhd->bhqk", {2, 4, 3, 5}, {2, 6, 3, 5}},  // flax's layout: both operands transposed first
+      {"...qd,...kd->...qk", {2, 3, 4, 5}, {2, 3, 6, 5}},
+      {"...qd,kd->...qk", {2, 3, 4, 5}, {6, 5}},  // "..." in one operand only: its own rows
+  };
+  for (const auto& c : cases) {
+    INFO(c.spec);
+    const auto a = tops::dnormal(31, c.a), b = tops::dnormal(32, c.b);
+    const auto y = tg::einsum(c.spec, a, b);
+    std::string plain = c.spec;
+    if (plain.find("...") != std::string::npos) continue;  // the reference reads letters only; the ellipsis cases are checked below
+    const auto want = tops::ref_einsum(plain, a, b);
+    const auto have = y.to_vector();
+    REQUIRE(have.size() == want.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < have.size(); ++i) worst = std::max(worst, std::fabs(have[i] - want[i]) / (1.0 + std::fabs(want[i])));
+    CHECK(worst < 1e-13);  // f64, summed in another order than the definition's
+    tops::check_fd(c.spec.c_str(), tops::Leaves3<double>{a, b, b},
+                   [&](const tops::Leaves3<double>& p) { return tg::einsum(c.spec, p.a, p.b); });
+  }
+  // The ellipsis is the leading axes: the same as the letters written out.
+  const auto q = tops::dnormal(33, {2, 3, 4, 5}), k = tops::dnormal(34, {2, 3, 6, 5}), w = tops::dnormal(35, {6, 5});
+  CHECK(tg::einsum("...qd,...kd->...qk", q, k).to_vector() == tg::einsum("bhqd,bhkd->bhqk", q, k).to_vector());
+  CHECK(tg::einsum("...qd,kd->...qk", q, w).to_vector() == tg::einsum("bhqd,kd->bhqk", q, w).to_vector());
+  // In f32, attention's scores are exactly matmul(q, k, false, true): the same strided-batched GEMM.
+  const auto qf = tg::cast<float>(q), kf = tg::cast<float>(k);
+  CHECK(tg::einsum("bhqd,bhkd->bhqk", qf, kf).to_vector() == tg::matmul(qf, kf, false, true).to_vector());
+  CHECK(tg::einsum("bhqd,bhkd->bhqk", qf, kf).to_vector() == tg::matmul(qf, tg::swapaxes(kf, -1, -2)).to_vector());
+  if constexpr (std::is_same_v<D, tg::Cpu>) {
+    // One GEMM and nothing else when the operands' layout allows it; transposes only where it does not.
+    CHECK(tops::kernels_of([&] { return tg::einsum("bhqd,bhkd->bhqk", qf, kf); }) == 1);
+    CHECK(tops::kernels_of([&] { return tg::einsum("bhqk,bhkd->bhqd", tg::einsum("bhqd,bhkd->bhqk", qf, kf), kf); }) == 2);
+    const auto kf2 = tg::cast<float>(tops::dnormal(36, {2, 6, 4, 5}));
+    CHECK(tops::kernels_of([&] { return tg::einsum("bqhd,bkhd->bhqk", qf, kf2); }) == 3);  // both transposed first
+  }
+  // Errors name the spec and what is wrong.
+  CHECK_THROWS_WITH(tg::einsum("ij,jk", q, k), Contains("[einsum] 'ij,jk' has no '->'"));
+  CHECK_THROWS_WITH(tg::einsum("ij,jk,kl->il", q, k), Contains("exactly two operands"));
+  CHECK_THROWS_WITH(tg::einsum("abc,abed->abce", q, k), Contains("the first operand has rank 4 but 3 indices"));
+  CHECK_THROWS_WITH(tg::einsum("aacd,abed->abce", q, k), Contains("index 'a' appears twice in one term"));
+  CHECK_THROWS_WITH(tg::einsum("abcd,abed->abcz", q, k), Contains("the output's index 'z' is in neither operand"));
+  CHECK_THROWS_WITH(tg::einsum("ab1d,abed->abce", q, k), Contains("'1' is not an index"));
+  CHECK_THROWS_WITH(tg::einsum("abcd,abcd->abd", q, tops::dnormal(1, {2, 3, 7, 5})), Contains("index 'c' has size 4 in (2, 3, 4, 5) but 7"));
+}

@@ -37,6 +37,22 @@ Model make_model() {
           tg::full<tg::bf16>({2}, tg::bf16(0.5f))};
 }
 
+/// Registered templates with an element type: what tree_cast rebinds (the Flax way: Dense, LayerNorm).
+template <class D, class T = float>
+struct Layer {
+  tg::Tensor<T, D> w, b;
+  tg::Tensor<std::int32_t, D> steps;
+};
+TG_PYTREE(Layer, w, b, steps)
+
+template <class D, class T = float>
+struct Net {
+  Layer<D, T> first;
+  std::vector<Layer<D, T>> more;
+  std::tuple<tg::Tensor<T, D>, tg::Tensor<double, D>> extra;
+};
+TG_PYTREE(Net, first, more, extra)
+
 }  // namespace tree_test
 
 using tree_test::make_model;
@@ -123,4 +139,41 @@ TEST_CASE("mismatched structures are errors that name the path", "[tree][errors]
   b.enc.layers.pop_back();
   CHECK_THROWS_WITH(tg::tree_map([](const auto& x, const auto&) { return x; }, a, b),
                     Contains("[tree] structures differ at 'enc.layers': a list of 2 vs one of 1 elements"));
+}
+
+TEST_CASE("tree_cast changes the floating leaves' dtype, and the tree's type with it, as jax.tree.map(astype)", "[tree][tree_cast]") {
+  using tree_test::Layer;
+  using tree_test::Net;
+  using Cpu = tg::Cpu;
+  auto layer = [](int seed) {
+    return Layer<Cpu>{tg::random::normal<float>(tg::random::key(seed), {3, 2}), tg::random::normal<float>(tg::random::key(seed + 1), {2}),
+                      tg::full<std::int32_t>({}, seed)};
+  };
+  const Net<Cpu> net{layer(1), {layer(3), layer(5)}, {tg::random::normal<float>(tg::random::key(7), {4}), tg::full<double>({2}, 0.1)}};
+  const auto half = tg::tree_cast<tg::bf16>(net);
+  static_assert(std::is_same_v<decltype(half), const Net<Cpu, tg::bf16>>);
+  static_assert(std::is_same_v<tg::tree_rebind_t<Net<Cpu>, tg::bf16>, Net<Cpu, tg::bf16>>);
+  CHECK(tg::tree_paths(half) == tg::tree_paths(net));
+  // The leaves of the element type cast; a leaf the struct declares as double, and integer leaves, kept.
+  CHECK(half.first.w.to_vector() == tg::cast<tg::bf16>(net.first.w).to_vector());
+  CHECK(half.more[1].b.to_vector() == tg::cast<tg::bf16>(net.more[1].b).to_vector());
+  CHECK(std::get<0>(half.extra).to_vector() == tg::cast<tg::bf16>(std::get<0>(net.extra)).to_vector());
+  CHECK(std::get<1>(half.extra).data() == std::get<1>(net.extra).data());
+  CHECK(half.more[0].steps.data() == net.more[0].steps.data());
+  // Casting to the type a leaf has shares it: no copy, no kernel.
+  const auto same = tg::tree_cast<float>(net);
+  static_assert(std::is_same_v<decltype(same), const Net<Cpu, float>>);
+  CHECK(same.first.w.data() == net.first.w.data());
+  // Differentiable: a loss computed on tree_cast<bf16>(params) sends f32 gradients, each leaf's cast's.
+  auto loss_tree = [](const Net<Cpu>& p) {
+    const auto h = tg::tree_cast<tg::bf16>(p);
+    return tg::cast<float>(tg::sum(h.first.w * h.first.w) + tg::sum(h.more[0].b) + tg::sum(std::get<0>(h.extra)));
+  };
+  auto loss_leaf = [](const Net<Cpu>& p) {
+    return tg::cast<float>(tg::sum(tg::cast<tg::bf16>(p.first.w) * tg::cast<tg::bf16>(p.first.w)) + tg::sum(tg::cast<tg::bf16>(p.more[0].b)) +
+                           tg::sum(tg::cast<tg::bf16>(std::get<0>(p.extra))));
+  };
+  const auto g1 = tg::grad(loss_tree)(net), g2 = tg::grad(loss_leaf)(net);
+  CHECK(tg::tree_all_close(g1, g2, 0.0, 0.0));
+  CHECK(g1.first.w.to_vector() != std::vector<float>(6, 0.0f));
 }

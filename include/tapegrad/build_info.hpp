@@ -4,18 +4,16 @@
 
 #include "tapegrad/config.hpp"
 
-#include <oneapi/dnnl/dnnl.h>
-#include <omp.h>
-
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "tapegrad/backend/cpu/onednn.hpp"
-#include "tapegrad/backend/cuda/check.hpp"
-#include "tapegrad/core/device.hpp"
+#include "tapegrad/backend/cuda/blaslt.hpp"
+#include "tapegrad/runtime/cpu/loops.hpp"
+#include "tapegrad/runtime/device.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 /// Versions and devices, each as text (CUDA's fields say "not in this build" without TG_WITH_CUDA).
 struct BuildInfo {
@@ -35,24 +33,13 @@ struct BuildInfo {
 inline BuildInfo build_info() {
   BuildInfo info;
   info.tapegrad = version;
-  const dnnl_version_t* dnnl = dnnl_version();
-  info.onednn = std::to_string(dnnl->major) + "." + std::to_string(dnnl->minor) + "." + std::to_string(dnnl->patch);
-#if defined(TG_WITH_CUDA)
-  int runtime = 0;
-  if (cudaRuntimeGetVersion(&runtime) == cudaSuccess)
-    info.cuda_runtime = std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10);
-  else
-    info.cuda_runtime = "unknown";
-  (void)cudaGetLastError();
-  const std::size_t lt = cublasLtGetVersion();
-  info.cublaslt = std::to_string(lt / 10000) + "." + std::to_string(lt / 100 % 100) + "." + std::to_string(lt % 100);
-#else
-  info.cuda_runtime = info.cublaslt = "not in this build (no TG_WITH_CUDA: link tapegrad::cuda)";
-#endif
+  info.onednn = cpu::onednn_version();
+  info.cuda_runtime = cuda::runtime_version();
+  info.cublaslt = cuda::blaslt_version();
   info.cuda_devices = cuda::describe_devices();
-  info.cpu_threads = omp_get_max_threads();
+  info.cpu_threads = cpu::threads();
   info.cpu_bf16 = cpu::OneDnn::instance().bf16_supported();
   return info;
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

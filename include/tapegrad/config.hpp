@@ -15,6 +15,16 @@
 #define TG_DEVICE
 #endif
 
+// TG_HOST_NOINLINE keeps a function out of line in host code, so that the host compiler takes its
+// __restrict parameters as given and vectorises the loop inside without run-time alias checks (which g++
+// adds, and then fails, once such a function is inlined into a caller that reads its pointers from an
+// array). Device code inlines it as usual.
+#if defined(__CUDA_ARCH__)
+#define TG_HOST_NOINLINE
+#else
+#define TG_HOST_NOINLINE __attribute__((noinline))
+#endif
+
 // TG_WITH_CUDA is set by the tapegrad::cuda CMake target (CUDA runtime, cuBLAS and cuBLASLt linked).
 // Host-side CUDA work (device queries, memory, copies) needs only that; work that launches kernels also
 // needs the translation unit to be compiled by nvcc, which TG_CUDA_KERNELS says.
@@ -39,7 +49,16 @@
 /// "abi_cpu" or "abi_cuda": messages that print type names leave it out ("tg::fn::Gelu").
 #define TG_ABI_NAME TG_STRINGIFY(TG_ABI)
 
-namespace tg::inline TG_ABI {
+/// Every header wraps its declarations in these, as fmt does (FMT_BEGIN_NAMESPACE): plain C++17 nested
+/// namespaces that code indexers (ctags, cscope) read, rather than C++20's `namespace tg::inline abi_cpu`.
+#define TG_BEGIN_NAMESPACE \
+  namespace tg {           \
+  inline namespace TG_ABI {
+#define TG_END_NAMESPACE \
+  }                      \
+  }
+
+TG_BEGIN_NAMESPACE
 
 /// The library version as "major.minor.patch".
 inline constexpr const char* version = TG_VERSION_STRING;
@@ -51,4 +70,11 @@ inline constexpr bool built_with_cuda = true;
 inline constexpr bool built_with_cuda = false;
 #endif
 
-}  // namespace tg
+/// True when this translation unit can launch CUDA kernels: built with the CUDA backend and by nvcc.
+#if defined(TG_CUDA_KERNELS)
+inline constexpr bool cuda_kernels = true;
+#else
+inline constexpr bool cuda_kernels = false;
+#endif
+
+TG_END_NAMESPACE

@@ -56,6 +56,11 @@ TEST_CASE("without a GPU, CUDA answers none and CUDA work is a clear error", "[d
   CHECK_THROWS_WITH((tg::zeros<float, tg::Cuda>({4})), Contains("[cuda::allocate] no CUDA device"));
   CHECK_THROWS_WITH(tg::device_put<tg::Cuda>(tg::arange<float>(4)), Contains("no CUDA device"));
   CHECK_THROWS_WITH((tg::random::normal<float, tg::Cuda>(tg::random::key(1), {8})), Contains("no CUDA device"));
+  CHECK_THROWS_WITH(tg::cuda::GraphCapture(), Contains("[cuda::GraphCapture] no CUDA device"));
+  // A program built for both devices picks the CPU where there is no GPU, and says why it cannot use CUDA.
+  auto which = [](const char* device) { return tg::with_device(device, [&]<class D>() { return tg::device_name<D>(); }); };
+  CHECK(which("auto") == "cpu");
+  CHECK_THROWS_WITH(which("cuda"), Contains("[with_device(cuda)] no CUDA device"));
   // The CPU side of a CUDA build is unaffected.
   CHECK(tg::random::normal<float>(tg::random::key(1), {2}).to_vector().size() == 2);
 }
@@ -95,10 +100,10 @@ TEST_CASE("launch failures and out of memory name the op, the sizes and what to 
 TEST_CASE("cuBLASLt descriptors for every epilogue are set up without a GPU", "[matmul][cuda]") {
   using tg::cuda::Epilogue;
   // The row-major problem (512, 784) @ (784, 256) as cuBLASLt sees it: D^T (256 x 512) = W^T X^T.
-  const tg::detail::GemmDims dims{512, 256, 784};
+  const tg::backend::GemmProblem dims{512, 256, 784};
   for (Epilogue e : {Epilogue::none, Epilogue::bias, Epilogue::relu_bias, Epilogue::gelu_aux_bias,
                      Epilogue::dgelu_bgrad, Epilogue::bgrada, Epilogue::bgradb}) {
-    const tg::cuda::LtGemm g = tg::detail::lt_problem<float>(dims, false, false, e);
+    const tg::cuda::LtGemm g = tg::cuda::lt_problem<float>(dims, e);
     CHECK(g.m == 256);
     CHECK(g.n == 512);
     CHECK(g.k == 784);
@@ -115,7 +120,7 @@ TEST_CASE("cuBLASLt descriptors for every epilogue are set up without a GPU", "[
     CHECK(plan.d.attribute<std::uint64_t>(CUBLASLT_MATRIX_LAYOUT_COLS) == 512);
   }
   // Transposed operands (the weight gradient x^T dz) and the other dtypes.
-  const tg::cuda::LtGemm wg = tg::detail::lt_problem<tg::bf16>({784, 256, 512}, true, false, Epilogue::bgrada);
+  const tg::cuda::LtGemm wg = tg::cuda::lt_problem<tg::bf16>(tg::backend::GemmProblem{784, 256, 512, true, false}, Epilogue::bgrada);
   CHECK(wg.trans_b);
   CHECK(wg.ldb == 784);
   const tg::cuda::LtPlan bf(wg);
@@ -123,32 +128,41 @@ TEST_CASE("cuBLASLt descriptors for every epilogue are set up without a GPU", "[
   CHECK(bf.b.attribute<std::uint64_t>(CUBLASLT_MATRIX_LAYOUT_ROWS) == 784);  // stored x: 784 x 512 column-major
   CHECK(bf.a.attribute<cudaDataType_t>(CUBLASLT_MATRIX_LAYOUT_TYPE) == CUDA_R_16BF);
   CHECK(bf.desc.get<cublasComputeType_t>(CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) == CUBLAS_COMPUTE_32F);
-  const tg::cuda::LtPlan f64(tg::detail::lt_problem<double>(dims, false, true, Epilogue::none));
+  const tg::cuda::LtPlan f64(tg::cuda::lt_problem<double>(tg::backend::GemmProblem{512, 256, 784, false, true}, Epilogue::none));
   CHECK(f64.desc.get<cublasComputeType_t>(CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) == CUBLAS_COMPUTE_64F);
   tg::set_allow_tf32(true);
-  CHECK(tg::detail::lt_problem<float>(dims, false, false, Epilogue::none).type == tg::cuda::LtType::tf32);
+  CHECK(tg::cuda::lt_problem<float>(dims, Epilogue::none).type == tg::cuda::LtType::tf32);
   tg::set_allow_tf32(false);
+  // A strided batch (attention's q k^T): 8 GEMMs, each operand's matrices one after another.
+  const tg::cuda::LtGemm batched = tg::cuda::lt_problem<float>(tg::backend::GemmProblem{16, 12, 32, false, true, 8}, Epilogue::none);
+  CHECK(batched.batch == 8);
+  CHECK(batched.stride_a == 32 * 12);  // cuBLASLt's A is our b, (12, 32) per batch
+  CHECK(batched.stride_b == 16 * 32);
+  CHECK(batched.stride_d == 16 * 12);
+  const tg::cuda::LtPlan bp(batched);
+  CHECK(bp.a.attribute<std::int32_t>(CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) == 8);
+  CHECK(bp.d.attribute<std::int64_t>(CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET) == 16 * 12);
 }
 
 TEST_CASE("which cuBLASLt epilogues serve each dtype", "[matmul][cuda]") {
   using tg::Activation;
   using tg::cuda::Epilogue;
   // Forward: bias, relu + bias when no pre-activation is kept, GELU + bias with aux (ld a multiple of 8).
-  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::none, true, 256) == Epilogue::bias);
-  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::relu, false, 256) == Epilogue::relu_bias);
-  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::relu, true, 256) == Epilogue::none);
-  CHECK(tg::detail::forward_epilogue<tg::bf16>(true, true, Activation::gelu, true, 256) == Epilogue::gelu_aux_bias);
-  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::gelu, true, 10) == Epilogue::none);
-  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::gelu_exact, true, 256) == Epilogue::none);
-  CHECK(tg::detail::forward_epilogue<float>(true, true, Activation::silu, false, 256) == Epilogue::none);
-  CHECK(tg::detail::forward_epilogue<float>(false, true, Activation::gelu, true, 256) == Epilogue::none);
+  CHECK(tg::cuda::forward_epilogue<float>(true, true, Activation::none, true, 256) == Epilogue::bias);
+  CHECK(tg::cuda::forward_epilogue<float>(true, true, Activation::relu, false, 256) == Epilogue::relu_bias);
+  CHECK(tg::cuda::forward_epilogue<float>(true, true, Activation::relu, true, 256) == Epilogue::none);
+  CHECK(tg::cuda::forward_epilogue<tg::bf16>(true, true, Activation::gelu, true, 256) == Epilogue::gelu_aux_bias);
+  CHECK(tg::cuda::forward_epilogue<float>(true, true, Activation::gelu, true, 10) == Epilogue::none);
+  CHECK(tg::cuda::forward_epilogue<float>(true, true, Activation::gelu_exact, true, 256) == Epilogue::none);
+  CHECK(tg::cuda::forward_epilogue<float>(true, true, Activation::silu, false, 256) == Epilogue::none);
+  CHECK(tg::cuda::forward_epilogue<float>(false, true, Activation::gelu, true, 256) == Epilogue::none);
   // f64 never runs an epilogue: cuBLASLt's computed in single precision there (2e-6 relative on an H200).
   for (Activation a : {Activation::none, Activation::relu, Activation::gelu})
-    CHECK(tg::detail::forward_epilogue<double>(true, true, a, false, 256) == Epilogue::none);
+    CHECK(tg::cuda::forward_epilogue<double>(true, true, a, false, 256) == Epilogue::none);
   // Backward: DGELU_BGRAD only in bf16 (its f32 derivative was off by 5.6e-5 relative on an H200).
-  CHECK(tg::detail::backward_fusion<tg::bf16, tg::Cuda>(Activation::gelu, 256));
-  CHECK_FALSE(tg::detail::backward_fusion<tg::bf16, tg::Cuda>(Activation::gelu, 10));
-  CHECK_FALSE(tg::detail::backward_fusion<float, tg::Cuda>(Activation::gelu, 256));
-  CHECK_FALSE(tg::detail::backward_fusion<double, tg::Cuda>(Activation::gelu, 256));
-  CHECK_FALSE(tg::detail::backward_fusion<tg::bf16, tg::Cpu>(Activation::gelu, 256));
+  CHECK(tg::backend::fuses_dact<tg::bf16, tg::Cuda>(Activation::gelu, 256));
+  CHECK_FALSE(tg::backend::fuses_dact<tg::bf16, tg::Cuda>(Activation::gelu, 10));
+  CHECK_FALSE(tg::backend::fuses_dact<float, tg::Cuda>(Activation::gelu, 256));
+  CHECK_FALSE(tg::backend::fuses_dact<double, tg::Cuda>(Activation::gelu, 256));
+  CHECK_FALSE(tg::backend::fuses_dact<tg::bf16, tg::Cpu>(Activation::gelu, 256));
 }

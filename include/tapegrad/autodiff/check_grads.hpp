@@ -16,7 +16,7 @@
 #include "tapegrad/autodiff/grad.hpp"
 #include "tapegrad/random/random.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 /// Settings of check_grads. The defaults suit double-precision functions; for float32 use a larger step
 /// (eps ~ 1e-3) and tolerance (rtol ~ 1e-2).
@@ -112,7 +112,7 @@ GradCheckResult check_grads_impl(F& f, const Params& params, ArgsTuple& args, co
       };
       auto at = [&](const std::vector<double>& v) {
         std::vector<T> t(v.size());
-        for (std::size_t i = 0; i < v.size(); ++i) t[i] = ::tg::detail::from_double<T>(v[i]);
+        for (std::size_t i = 0; i < v.size(); ++i) t[i] = ::tg::detail::convert_to<T>(v[i]);
         Params p = params;
         set_leaf(p, my_index, t);
         return eval_exact(p);
@@ -176,4 +176,4 @@ GradCheckResult check_grads(F f, const Params& params, Args&&... args) {
   }
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

@@ -8,13 +8,13 @@
 #include <type_traits>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/error.hpp"
+#include "tapegrad/base/error.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 /// A tree of the same structure with each floating leaf replaced by a 0-d tensor: 0 when the leaf is all
 /// finite, NaN when it holds a NaN or an Inf (max |x - x|: finite values give 0, NaN and Inf give NaN).
@@ -62,4 +62,4 @@ void check_finite(const Tree& tree, const std::string& what) {
   raise_if_nonfinite(nonfinite_flags(tree), what);
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

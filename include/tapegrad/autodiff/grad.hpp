@@ -10,7 +10,7 @@
 #include "tapegrad/core/tape.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 /// Tag: the function returns std::pair{loss, aux}; aux is passed through, not differentiated.
 struct HasAux {};
@@ -116,4 +116,4 @@ auto grad(F f, HasAux) {
   };
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

@@ -20,11 +20,13 @@
 #include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/recorder.hpp"
 #include "tapegrad/core/tensor.hpp"
+#include "tapegrad/runtime/dispatch.hpp"
+#include "tapegrad/runtime/graph.hpp"
+#include "tapegrad/runtime/recorder.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 namespace detail {
 
@@ -49,10 +51,8 @@ struct Plan {
     std::size_t probe = 0;  // an input leaf that is donated: the argument there tells which plan runs
   };
   std::optional<Twin> twin;
-  /// The CUDA plan: a cudaGraphExec_t, destroyed by the deleter it was made with (held type-erased so
-  /// that Plan's layout and destructor are the same with and without TG_WITH_CUDA).
-  std::shared_ptr<void> graph;
-  std::size_t graph_nodes = 0;  // kernels and copies in the CUDA graph
+  /// The CUDA plan: one graph, replayed with one launch (runtime/graph.hpp).
+  cuda::Graph graph;
   std::unordered_map<const Storage<D>*, std::size_t> index;
 
   Plan() = default;
@@ -87,21 +87,10 @@ struct PlanBase {
 
 template <Device D, class Out>
 struct PlanFor : PlanBase {
-  std::size_t kernels() const override { return std::is_same_v<D, Cpu> ? plan.kernels.size() : plan.graph_nodes; }
+  std::size_t kernels() const override { return std::is_same_v<D, Cpu> ? plan.kernels.size() : plan.graph.nodes(); }
   Plan<D> plan;
   Out prototype;  // the output tree with its tensor leaves undefined; filled from the buffers per call
 };
-
-/// Copies `bytes` between two buffers on D as part of the step (a recorded kernel on the CPU, a
-/// captured copy on CUDA).
-template <Device D>
-void plan_copy(void* dst, const void* src, std::size_t bytes) {
-  if constexpr (std::is_same_v<D, Cpu>) {
-    cpu_kernel([dst, src, bytes] { cpu::copy(dst, src, bytes); });
-  } else {
-    copy_bytes<D, D>(dst, src, bytes);
-  }
-}
 
 template <class Tuple>
 std::string signature(Tuple& args) {
@@ -212,7 +201,7 @@ class Compiled {
         for (const auto& [o, j] : copy_back) {
           void* dst = plan.buffers[plan.inputs[j].buffer]->data();
           const Storage<D>* src = output_storage(*out, o).get();
-          auto copy = [dst, src] { cpu::copy(dst, src->data(), src->bytes()); };
+          auto copy = [dst, src] { detail::copy_bytes<Cpu, Cpu>(dst, src->data(), src->bytes()); };
           copy();
           plan.kernels.push_back(copy);
         }
@@ -318,7 +307,7 @@ class Compiled {
       for (std::size_t j = 0; j < plan.inputs.size(); ++j) {
         const auto& in = plan.inputs[j];
         if (taken[j] || in.dtype != L::dtype() || in.shape != leaf.shape()) continue;
-        if (copy) detail::plan_copy<D>(plan.buffers[in.buffer]->data(), leaf.data(), leaf.nbytes());
+        if (copy) detail::recorded_copy<D>(plan.buffers[in.buffer]->data(), leaf.data(), leaf.nbytes());
         taken[j] = true;
         pairs.emplace_back(k, j);
         break;
@@ -332,13 +321,10 @@ class Compiled {
   template <class D, class Held, class Out>
   void capture(detail::Plan<D>& plan, detail::Recorder& recorder, const Held& statics, const Out& out,
                const std::vector<std::pair<std::size_t, std::size_t>>& copy_back) {
-#if defined(TG_WITH_CUDA)
-    cudaStream_t stream = cuda::stream();
     recorder.mode = detail::Recorder::Mode::serve;
     recorder.served = 0;
-    TG_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    cudaGraph_t graph = nullptr;
-    try {
+    cuda::GraphCapture capture;  // ends the capture and drops it if the step throws
+    {
       detail::ActiveRecorder active(recorder);
       const Out again = std::apply(f_, statics);
       std::vector<const void*> first, second;
@@ -349,28 +335,13 @@ class Compiled {
                "step must do the same work every time it is called with the same shapes");
       tree_for_each_tensor([&](std::size_t k, const std::string&, const auto& leaf) {
         for (const auto& [o, j] : copy_back)
-          if (o == k) detail::plan_copy<D>(plan.buffers[plan.inputs[j].buffer]->data(), leaf.data(), leaf.nbytes());
+          if (o == k) detail::recorded_copy<D>(plan.buffers[plan.inputs[j].buffer]->data(), leaf.data(), leaf.nbytes());
       }, again);
       TG_CHECK(recorder.served == recorder.cuda_buffers.size(), "compile", "the step allocated ", recorder.served,
                " buffers on its capture pass but ", recorder.cuda_buffers.size(), " when recorded; a compiled step must do "
                "the same work every time it is called with the same shapes");
-    } catch (...) {
-      if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr) (void)cudaGraphDestroy(graph);
-      (void)cudaGetLastError();
-      throw;
     }
-    TG_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    std::size_t nodes = 0;
-    if (cudaGraphGetNodes(graph, nullptr, &nodes) == cudaSuccess) plan.graph_nodes = nodes;
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-    (void)cudaGraphDestroy(graph);
-    TG_CUDA_CHECK(instantiated);
-    plan.graph = std::shared_ptr<void>(exec, [](void* g) { (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g)); });
-#else
-    (void)plan, (void)recorder, (void)statics, (void)out, (void)copy_back;
-    cuda::require_device("compile");
-#endif
+    plan.graph = capture.finish();
   }
 
   template <class D, class Out, class Held>
@@ -401,9 +372,7 @@ class Compiled {
     if constexpr (std::is_same_v<D, Cpu>) {
       for (const auto& kernel : use_twin ? plan.twin->kernels : plan.kernels) kernel();
     } else {
-#if defined(TG_WITH_CUDA)
-      TG_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(plan.graph.get()), cuda::stream()));
-#endif
+      plan.graph.launch();
     }
     Out out = entry.prototype;
     tree_for_each_tensor([&](std::size_t k, const std::string&, auto& leaf) {
@@ -427,4 +396,4 @@ Compiled<std::decay_t<F>> compile(F&& step) {
   return Compiled<std::decay_t<F>>(std::forward<F>(step));
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/device.hpp"
-#include "tapegrad/core/dtype.hpp"
-#include "tapegrad/core/error.hpp"
-#include "tapegrad/core/shape.hpp"
+#include "tapegrad/runtime/device.hpp"
+#include "tapegrad/base/dtype.hpp"
+#include "tapegrad/base/error.hpp"
+#include "tapegrad/base/shape.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 template <Element T, Device D>
 class Tensor;  // core/tensor.hpp
@@ -184,4 +184,4 @@ void record_transfer(const Tensor<T, D>& from, Tensor<T, D2>& to) {
 }
 
 }  // namespace detail
-}  // namespace tg
+TG_END_NAMESPACE

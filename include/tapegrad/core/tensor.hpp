@@ -13,50 +13,21 @@
 #include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/backend/cpu/loops.hpp"
-#include "tapegrad/backend/cuda/launch.hpp"
-#include "tapegrad/core/device.hpp"
-#include "tapegrad/core/dtype.hpp"
-#include "tapegrad/core/error.hpp"
-#include "tapegrad/core/recorder.hpp"
-#include "tapegrad/core/shape.hpp"
-#include "tapegrad/core/storage.hpp"
+#include "tapegrad/base/dtype.hpp"
+#include "tapegrad/base/error.hpp"
+#include "tapegrad/base/shape.hpp"
+#include "tapegrad/runtime/device.hpp"
+#include "tapegrad/runtime/dispatch.hpp"
+#include "tapegrad/runtime/recorder.hpp"
+#include "tapegrad/runtime/storage.hpp"
 #include "tapegrad/core/tape.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 template <Element T, Device D = Cpu>
 class Tensor;
 
 namespace detail {
-
-/// Runs f(i) for i in [0, n) on device D: an OpenMP loop on the CPU, a grid-stride kernel on CUDA.
-/// `work_per_item` (in element operations; a transcendental function counts several) lets the CPU loop
-/// go parallel for few but heavy items, such as the rows of a softmax.
-template <Device D, class F>
-void index_map(std::int64_t n, const F& f, std::int64_t work_per_item = 1) {
-  if constexpr (std::is_same_v<D, Cpu>) {
-    cpu_kernel([n, f, work_per_item] { cpu::index_map(n, f, work_per_item); });
-  } else {
-#if defined(TG_CUDA_KERNELS)
-    cuda::index_map(n, f);
-#elif defined(TG_WITH_CUDA)
-    static_assert(always_false<F>,
-                  "tapegrad: this CUDA work launches kernels, so this file must be compiled by nvcc "
-                  "(a .cu file, or set_source_files_properties(... LANGUAGE CUDA))");
-#else
-    (void)n, (void)f;
-    cuda::require_device("cuda kernel");
-#endif
-  }
-}
-
-/// Converts a double to any element type (bf16 rounds to nearest even).
-template <Element T>
-TG_HD T from_double(double x) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16(static_cast<float>(x));
-  else return static_cast<T>(x);
-}
 
 template <Element T>
 struct FillFn {
@@ -69,7 +40,7 @@ template <Element T>
 struct ArangeFn {
   T* out;
   double start, step;
-  TG_HD void operator()(std::int64_t i) const { out[i] = from_double<T>(start + step * static_cast<double>(i)); }
+  TG_HD void operator()(std::int64_t i) const { out[i] = convert_to<T>(start + step * static_cast<double>(i)); }
 };
 
 }  // namespace detail
@@ -138,7 +109,7 @@ class Tensor {
                " elements do not divide into dimensions of size ", known, " (from ", shape_.str(), ")");
       *std::find(d.begin(), d.end(), -1) = size() / known;
     }
-    return reshape(Shape(std::span<const std::int64_t>(d)));
+    return reshape(Shape(d));
   }
   Tensor reshape(const Shape& shape) const {
     TG_CHECK(shape.numel() == size(), "reshape", "cannot reshape ", shape_.str(), " (", size(), " elements) to ",
@@ -260,12 +231,12 @@ Tensor<T, D> full(const Shape& shape, T value) {
 
 template <Element T, Device D = Cpu>
 Tensor<T, D> zeros(const Shape& shape) {
-  return full<T, D>(shape, detail::from_double<T>(0.0));
+  return full<T, D>(shape, detail::convert_to<T>(0.0));
 }
 
 template <Element T, Device D = Cpu>
 Tensor<T, D> ones(const Shape& shape) {
-  return full<T, D>(shape, detail::from_double<T>(1.0));
+  return full<T, D>(shape, detail::convert_to<T>(1.0));
 }
 
 /// [start, start + step, ...) up to but excluding `stop`, as NumPy's arange.
@@ -323,4 +294,4 @@ Tensor<T, D> stop_gradient(const Tensor<T, D>& x) {
   return x.untraced();
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

@@ -10,11 +10,12 @@
 #include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/error.hpp"
+#include "tapegrad/base/error.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/random/random.hpp"
 
-namespace tg::inline TG_ABI::data {
+TG_BEGIN_NAMESPACE
+namespace data {
 
 /// One batch: x (B, features) float32, y (B,) int32 class labels.
 template <Device D>
@@ -94,4 +95,5 @@ std::vector<Batch<D>> fixed_batches(const Tensor<std::uint8_t>& images, const Te
   return batches;
 }
 
-}  // namespace tg::data
+}  // namespace data
+TG_END_NAMESPACE

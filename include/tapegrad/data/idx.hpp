@@ -14,11 +14,12 @@
 #include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/error.hpp"
-#include "tapegrad/core/shape.hpp"
+#include "tapegrad/base/error.hpp"
+#include "tapegrad/base/shape.hpp"
 #include "tapegrad/core/tensor.hpp"
 
-namespace tg::inline TG_ABI::data {
+TG_BEGIN_NAMESPACE
+namespace data {
 
 /// The bytes of `path`, decompressed when it is gzip (zlib detects it; other files are read as they are).
 /// Throws naming the file for a missing or unreadable file and for a truncated or corrupt gzip stream.
@@ -93,4 +94,5 @@ inline Tensor<std::uint8_t> parse_idx(const std::vector<std::uint8_t>& bytes, co
 /// says what is validated).
 inline Tensor<std::uint8_t> read_idx(const std::string& path) { return parse_idx(read_file_decompressed(path), path); }
 
-}  // namespace tg::data
+}  // namespace data
+TG_END_NAMESPACE

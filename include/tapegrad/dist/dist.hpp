@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/error.hpp"
-#include "tapegrad/core/recorder.hpp"
+#include "tapegrad/base/error.hpp"
+#include "tapegrad/runtime/recorder.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/tree/pytree.hpp"
@@ -27,7 +27,8 @@
 #include <nccl.h>
 #endif
 
-namespace tg::inline TG_ABI::dist {
+TG_BEGIN_NAMESPACE
+namespace dist {
 
 namespace detail {
 
@@ -87,7 +88,7 @@ class Communicator {
   ncclComm_t nccl() {
     if (nccl_ == nullptr) {
       TG_CHECK(cuda::available(), "dist", "NCCL needs a GPU on every rank; rank ", rank_, " has none");
-      TG_CUDA_CHECK(cudaSetDevice(local_rank_ % cuda::device_count()));
+      cuda::set_device(local_rank_ % cuda::device_count());
       ncclUniqueId id;
       if (rank_ == 0) detail::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
       detail::check_mpi(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, comm_), "MPI_Bcast(nccl id)");
@@ -215,7 +216,7 @@ void all_reduce_mean_cuda(const Packed<C>& p, ncclComm_t comm, bool bf16_leaves)
   auto* b = static_cast<char*>(buffer->data());
   for (std::size_t k = 0; k < p.in.size(); ++k) {
     if (p.is_bf16[k] != bf16_leaves) continue;
-    TG_CUDA_CHECK(cudaMemcpyAsync(b, p.in[k], static_cast<std::size_t>(p.count[k]) * item, cudaMemcpyDeviceToDevice, cuda::stream()));
+    ::tg::detail::copy_bytes<Cuda, Cuda>(b, p.in[k], static_cast<std::size_t>(p.count[k]) * item);
     b += static_cast<std::size_t>(p.count[k]) * item;
   }
   const std::size_t n = static_cast<std::size_t>(b - static_cast<char*>(buffer->data())) / item;
@@ -225,7 +226,7 @@ void all_reduce_mean_cuda(const Packed<C>& p, ncclComm_t comm, bool bf16_leaves)
   b = static_cast<char*>(buffer->data());
   for (std::size_t k = 0; k < p.in.size(); ++k) {
     if (p.is_bf16[k] != bf16_leaves) continue;
-    TG_CUDA_CHECK(cudaMemcpyAsync(p.out[k], b, static_cast<std::size_t>(p.count[k]) * item, cudaMemcpyDeviceToDevice, cuda::stream()));
+    ::tg::detail::copy_bytes<Cuda, Cuda>(p.out[k], b, static_cast<std::size_t>(p.count[k]) * item);
     b += static_cast<std::size_t>(p.count[k]) * item;
   }
 }
@@ -325,4 +326,5 @@ void check_identical(const Tree& tree, const std::string& what, Communicator& co
                          all[static_cast<std::size_t>(r)], "): the ranks have drifted apart");
 }
 
-}  // namespace tg::dist
+}  // namespace dist
+TG_END_NAMESPACE

@@ -25,11 +25,12 @@
 #include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/error.hpp"
+#include "tapegrad/base/error.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
-namespace tg::inline TG_ABI::io {
+TG_BEGIN_NAMESPACE
+namespace io {
 
 namespace detail {
 
@@ -291,4 +292,5 @@ std::map<std::string, std::string> load_safetensors(const std::string& path, Tre
   return load_safetensors_bytes(bytes.data(), bytes.size(), path, tree);
 }
 
-}  // namespace tg::io
+}  // namespace io
+TG_END_NAMESPACE

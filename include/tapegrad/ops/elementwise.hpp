@@ -7,13 +7,13 @@
 #include <type_traits>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/backend/cpu/onednn.hpp"
+#include "tapegrad/backend/eltwise.hpp"
 #include "tapegrad/core/tensor.hpp"
-#include "tapegrad/ops/activation.hpp"
-#include "tapegrad/ops/functors.hpp"
+#include "tapegrad/math/activation.hpp"
+#include "tapegrad/math/functors.hpp"
 #include "tapegrad/ops/kernels.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 namespace detail {
 
@@ -130,64 +130,16 @@ struct SelectFn {
 
 namespace detail {
 
-/// The oneDNN eltwise function that runs the op Op on the CPU, from the activation table
-/// (ops/activation.hpp): GELU in both forms, whose exp / erf would otherwise be scalar libm calls.
-template <class Op>
-cpu::Eltwise onednn_eltwise() {
-  const ActivationInfo info = activation_info(activation_of<Op>());
-  return info.onednn_eltwise ? cpu::Eltwise{info.onednn, info.onednn_alpha} : cpu::Eltwise{};
-}
-
-/// Whether the op has oneDNN kernels for T on the CPU: f32 always, bf16 where oneDNN has them (computed in
-/// f32, rounded to nearest even once, as the functors do).
-template <class Op, class T, class D>
-bool use_onednn_eltwise() {
-  if constexpr (std::is_same_v<D, Cpu> && activation_of<Op>() != Activation::none) {
-    if (onednn_eltwise<Op>().alg == dnnl_alg_kind_undef) return false;
-    if constexpr (std::is_same_v<T, float>) return true;
-    else if constexpr (std::is_same_v<T, bf16>) return cpu::OneDnn::instance().eltwise_supported(onednn_eltwise<Op>(), cpu::GemmType::bf16);
-  }
-  return false;
-}
-
-template <class T>
-constexpr cpu::GemmType onednn_type = std::is_same_v<T, bf16> ? cpu::GemmType::bf16 : cpu::GemmType::f32;
-
-/// y = op(x) on n elements.
+/// y = op(x) on n elements: a vendor kernel where the backend has one (backend/eltwise.hpp), else the functor.
 template <class Op, class T, class D>
 void unary_forward(std::int64_t n, const T* x, T* y, Op op) {
-  if (use_onednn_eltwise<Op, T, D>()) {
-    if (n > 0) cpu_kernel([n, x, y] { cpu::OneDnn::instance().eltwise(onednn_eltwise<Op>(), false, n, x, nullptr, y, onednn_type<T>); });
-  } else {
-    index_map<D>(n, UnaryFn<Op, T, T>{x, y, op});
-  }
+  if (!backend::unary<Op, T, D>(n, x, y)) index_map<D>(n, UnaryFn<Op, T, T>{x, y, op});
 }
 
 /// dx = dy * op'(x) on n elements (y = op(x) is given for ops whose derivative reads it).
 template <class Op, class T, class D>
 void unary_backward(std::int64_t n, const T* x, const T* y, const T* dy, T* dx, Op op) {
-  if (use_onednn_eltwise<Op, T, D>()) {
-    if (n > 0) cpu_kernel([n, x, dy, dx] { cpu::OneDnn::instance().eltwise(onednn_eltwise<Op>(), true, n, x, dy, dx, onednn_type<T>); });
-  } else {
-    index_map<D>(n, UnaryBackwardFn<Op, T>{x, y, dy, dx, op});
-  }
-}
-
-/// f32 <-> bf16 on the CPU as plain loops the compiler vectorises (bitwise the scalar conversions:
-/// round to nearest even, every NaN to the canonical NaN).
-inline void convert_cpu(std::int64_t n, const float* __restrict x, bf16* __restrict y) {
-  auto* out = reinterpret_cast<std::uint16_t*>(y);
-#pragma omp parallel for simd schedule(static) if (n >= (std::int64_t{1} << 15))
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::uint32_t u = float_bits(x[i]);
-    const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    out[i] = static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? 0x7fffu : rounded);
-  }
-}
-inline void convert_cpu(std::int64_t n, const bf16* __restrict x, float* __restrict y) {
-  const auto* in = reinterpret_cast<const std::uint16_t*>(x);
-#pragma omp parallel for simd schedule(static) if (n >= (std::int64_t{1} << 15))
-  for (std::int64_t i = 0; i < n; ++i) y[i] = bits_float(static_cast<std::uint32_t>(in[i]) << 16);
+  if (!backend::unary_backward<Op, T, D>(n, x, dy, dx)) index_map<D>(n, UnaryBackwardFn<Op, T>{x, y, dy, dx, op});
 }
 
 }  // namespace detail
@@ -257,8 +209,8 @@ TG_UNARY_OP(exp, Exp)
 TG_UNARY_OP(log, Log)
 TG_UNARY_OP(tanh, Tanh)
 TG_UNARY_OP(sigmoid, Sigmoid)
-#define TG_ACTIVATION_OP(name, Functor, alg, alpha, eltwise, lt) TG_UNARY_OP(name, Functor)
-TG_ACTIVATIONS(TG_ACTIVATION_OP)  // relu, gelu, gelu_exact, ...: one op per row of ops/activation.hpp
+#define TG_ACTIVATION_OP(name, Functor) TG_UNARY_OP(name, Functor)
+TG_ACTIVATIONS(TG_ACTIVATION_OP)  // relu, gelu, gelu_exact, ...: one op per row of math/activation.hpp
 #undef TG_ACTIVATION_OP
 TG_UNARY_OP(square, Square)
 TG_UNARY_OP(sqrt, Sqrt)
@@ -393,12 +345,7 @@ Tensor<U, D> cast(const Tensor<T, D>& x) {
   } else {
     detail::check_defined(x, "cast");
     Tensor<U, D> y(x.shape());
-    constexpr bool f32_bf16 = (std::is_same_v<T, float> && std::is_same_v<U, bf16>) || (std::is_same_v<T, bf16> && std::is_same_v<U, float>);
-    if constexpr (std::is_same_v<D, Cpu> && f32_bf16) {
-      detail::cpu_kernel([n = x.size(), in = x.data(), out = y.data()] { detail::convert_cpu(n, in, out); });
-    } else {
-      detail::index_map<D>(x.size(), detail::UnaryFn<fn::Cast<U>, T, U>{x.data(), y.data(), {}});
-    }
+    detail::convert<D>(x.size(), x.data(), y.data());
     if constexpr (FloatElement<T> && FloatElement<U>) {
       // The cotangent converts back: a bf16 computation's gradient reaches f32 parameters in f32.
       if (detail::recording(x)) {
@@ -411,5 +358,5 @@ Tensor<U, D> cast(const Tensor<T, D>& x) {
   }
 }
 
-}  // namespace tg
+TG_END_NAMESPACE
 

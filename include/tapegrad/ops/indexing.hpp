@@ -15,7 +15,7 @@
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/kernels.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 namespace detail {
 
@@ -243,7 +243,7 @@ Tensor<T, D> transpose(const Tensor<T, D>& x, std::span<const int> perm) {
     f.strides[f.rank] = in_strides[static_cast<std::size_t>(p[d])];
     ++f.rank;
   }
-  Tensor<T, D> y{Shape(std::span<const std::int64_t>(out_dims))};
+  Tensor<T, D> y{Shape(out_dims)};
   f.x = x.data(), f.y = y.data();
   if (y.size() > 0) {
     if constexpr (std::is_same_v<D, Cpu>) {
@@ -297,7 +297,7 @@ Tensor<T, D> slice_impl(const Tensor<T, D>& x, std::int64_t start, std::int64_t 
   const AxisView v = axis_view(x.shape(), axis);
   std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end());
   dims[static_cast<std::size_t>(axis)] = len;
-  Tensor<T, D> y{Shape(std::span<const std::int64_t>(dims))};
+  Tensor<T, D> y{Shape(dims)};
   rows_or_elements<D>(y.size(), v.inner, SliceFn<T>{x.data(), y.data(), v.n, len, v.inner, start, step});
   if constexpr (FloatElement<T>) {
     if (recording(x)) {
@@ -338,7 +338,7 @@ Tensor<T, D> index_in_dim(const Tensor<T, D>& x, std::int64_t index, int axis = 
   std::vector<std::int64_t> dims;
   for (int d = 0; d < x.rank(); ++d)
     if (d != a) dims.push_back(x.shape()[d]);
-  return detail::slice_impl(x, index < 0 ? index + n : index, 1, 1, a).reshape(Shape(std::span<const std::int64_t>(dims)));
+  return detail::slice_impl(x, index < 0 ? index + n : index, 1, 1, a).reshape(Shape(dims));
 }
 
 /// x at `indices` (int32, any shape) along `axis`, as jnp.take(x, indices, axis): the result's shape is
@@ -355,7 +355,7 @@ Tensor<T, D> take(const Tensor<T, D>& x, const Tensor<std::int32_t, D>& indices,
   dims.insert(dims.end(), x.shape().dims().begin() + a + 1, x.shape().dims().end());
   TG_CHECK(dims.size() <= static_cast<std::size_t>(Shape::max_rank), "take", "the result of taking indices of shape ",
            indices.shape().str(), " from ", x.shape().str(), " would have rank ", dims.size(), " (at most ", Shape::max_rank, ")");
-  Tensor<T, D> y{Shape(std::span<const std::int64_t>(dims))};
+  Tensor<T, D> y{Shape(dims)};
   const std::int64_t m = indices.size();
   detail::rows_or_elements<D>(y.size(), v.inner, detail::TakeFn<T>{x.data(), indices.data(), y.data(), v.n, m, v.inner});
   if (detail::recording(x)) {
@@ -387,7 +387,7 @@ Tensor<T, D> concatenate(std::span<const Tensor<T, D>> xs, int axis = 0) {
   }
   std::vector<std::int64_t> dims(first.dims().begin(), first.dims().end());
   dims[static_cast<std::size_t>(a)] = total;
-  Tensor<T, D> y{Shape(std::span<const std::int64_t>(dims))};
+  Tensor<T, D> y{Shape(dims)};
   std::vector<std::int64_t> offsets;
   std::int64_t offset = 0;
   for (const auto& x : xs) {
@@ -437,7 +437,7 @@ Tensor<T, D> stack(std::span<const Tensor<T, D>> xs, int axis = 0) {
     detail::check_defined(xs[k], "stack");
     TG_CHECK(xs[k].shape() == s, "stack", "tensor ", k, " has shape ", xs[k].shape().str(), " but tensor 0 has ", s.str(),
              "; stacked tensors must have one shape");
-    expanded.push_back(xs[k].reshape(Shape(std::span<const std::int64_t>(dims))));
+    expanded.push_back(xs[k].reshape(Shape(dims)));
   }
   return concatenate(std::span<const Tensor<T, D>>(expanded), a);
 }
@@ -447,4 +447,4 @@ Tensor<T, D> stack(std::initializer_list<Tensor<T, D>> xs, int axis = 0) {
   return stack(std::span<const Tensor<T, D>>(xs.begin(), xs.size()), axis);
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

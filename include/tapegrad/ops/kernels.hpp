@@ -12,22 +12,10 @@
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/core/tensor.hpp"
-#include "tapegrad/ops/functors.hpp"
+#include "tapegrad/math/functors.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 namespace detail {
-
-template <class T, class C>
-TG_HD T convert_to(C v) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16(static_cast<float>(v));
-  else return static_cast<T>(v);
-}
-
-template <class C, class T>
-TG_HD C convert_from(T v) {
-  if constexpr (std::is_same_v<T, bf16>) return static_cast<C>(static_cast<float>(v));
-  else return static_cast<C>(v);
-}
 
 template <Element T, Device D>
 void check_defined(const Tensor<T, D>& t, const char* op) {
@@ -112,7 +100,7 @@ inline Shape reduced_shape(const Shape& s, int axis, bool keepdims) {
     if (d != axis) dims.push_back(s[d]);
     else if (keepdims) dims.push_back(1);
   }
-  return Shape(std::span<const std::int64_t>(dims));
+  return Shape(dims);
 }
 
 /// The identity of max: -inf for floating types, the minimum for integers. (std::numeric_limits is
@@ -212,4 +200,4 @@ Tensor<T, D> sum_to(const Tensor<T, D>& g, const Shape& shape) {
 }
 
 }  // namespace detail
-}  // namespace tg
+TG_END_NAMESPACE

@@ -7,11 +7,10 @@
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/ops/elementwise.hpp"
-#include "tapegrad/ops/matmul.hpp"
 #include "tapegrad/ops/reduce.hpp"
 #include "tapegrad/random/random.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 namespace detail {
 
@@ -54,46 +53,11 @@ struct SoftmaxCrossEntropyBackwardFn {
   }
 };
 
-#if defined(TG_WITH_CUDA)
-/// Reports the first label outside [0, n_classes) to the device's error slot (raised at the next sync).
-struct LabelCheckFn {
-  const std::int32_t* labels;
-  std::int64_t n_classes;
-  const char* op;
-  cuda::DeviceError* slot;
-  TG_HD void operator()(std::int64_t i) const {
-    const std::int32_t label = labels[i];
-    if (label >= 0 && label < n_classes) return;
-#if defined(__CUDA_ARCH__)
-    if (atomicCAS(&slot->code, 0, 1) == 0) {
-      slot->value = label, slot->position = i, slot->limit = n_classes, slot->op = op;
-      __threadfence_system();
-    }
-#endif
-  }
-};
-#endif
-
-/// Rejects labels outside [0, n_classes), naming the op, the first bad label and its position. Never
-/// synchronises: on the CPU the check is a kernel of its own (replayed by compiled steps too), on CUDA
-/// a kernel reports to the device's error slot and the next synchronisation raises it.
+/// Rejects labels outside [0, n_classes), naming the op, the first bad label and its position, without
+/// synchronising (runtime/dispatch.hpp: on CUDA it is raised at the next synchronisation).
 template <class D>
 void check_labels(const Tensor<std::int32_t, D>& labels, std::int64_t n_classes, const char* op) {
-  if constexpr (std::is_same_v<D, Cpu>) {
-    cpu_kernel([p = labels.data(), count = labels.size(), n_classes, op] {
-      for (std::int64_t i = 0; i < count; ++i)
-        if (p[i] < 0 || p[i] >= n_classes)
-          fail(op, "label ", p[i], " at position ", i, " is out of range for ", n_classes,
-               " classes; labels must be in [0, ", n_classes, ")");
-    });
-  } else {
-#if defined(TG_WITH_CUDA)
-    index_map<D>(labels.size(), LabelCheckFn{labels.data(), n_classes, op, cuda::error_slot()});
-#else
-    (void)labels, (void)n_classes, (void)op;
-    cuda::require_device(op);
-#endif
-  }
+  check_indices<D>(labels.data(), labels.size(), n_classes, op);
 }
 
 template <class T>
@@ -126,7 +90,7 @@ void check_logits_labels(const Tensor<T, D>& logits, const Tensor<std::int32_t, 
   check_defined(labels, op);
   TG_CHECK(logits.rank() >= 1, op, "logits need a class axis, got a scalar");
   std::vector<std::int64_t> batch(logits.shape().dims().begin(), logits.shape().dims().end() - 1);
-  TG_CHECK(labels.shape() == Shape(std::span<const std::int64_t>(batch)), op, "labels of shape ", labels.shape().str(),
+  TG_CHECK(labels.shape() == Shape(batch), op, "labels of shape ", labels.shape().str(),
            " do not match logits of shape ", logits.shape().str(), "; labels need the logits' shape without the class axis");
 }
 
@@ -172,7 +136,7 @@ Tensor<T, D> one_hot(const Tensor<std::int32_t, D>& labels, std::int64_t num_cla
   TG_CHECK(num_classes > 0, "one_hot", "num_classes must be > 0, got ", num_classes);
   std::vector<std::int64_t> dims(labels.shape().dims().begin(), labels.shape().dims().end());
   dims.push_back(num_classes);
-  Tensor<T, D> out{Shape(std::span<const std::int64_t>(dims))};
+  Tensor<T, D> out{Shape(dims)};
   detail::index_map<D>(out.size(), detail::OneHotFn<T>{labels.data(), out.data(), num_classes});
   return out;
 }
@@ -358,4 +322,4 @@ Tensor<T, D> dropout(const Tensor<std::uint32_t, D>& key, const Tensor<T, D>& x,
   return detail::dropout_impl<T, D>(random::Key{}, &key, x, rate);
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

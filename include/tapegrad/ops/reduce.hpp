@@ -11,7 +11,7 @@
 #include "tapegrad/config.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 namespace detail {
 
@@ -151,6 +151,14 @@ Tensor<compute_t<T>, D> reduce_all_partials(const Tensor<T, D>& x, const char* o
   return partial;
 }
 
+/// Every element reduced with R into a (1,) tensor of the compute type: reduce_all_partials until one is left.
+template <class R, Element T, Device D>
+Tensor<compute_t<T>, D> reduce_all(const Tensor<T, D>& x, const char* op) {
+  auto partial = reduce_all_partials<R>(x, op);
+  while (partial.size() > 1) partial = reduce_all_partials<R>(partial, op);
+  return partial;
+}
+
 /// The cotangent of a reduction over `axis`, expanded back to the input's shape.
 template <Element T, Device D>
 Tensor<T, D> expand_reduced(const Tensor<T, D>& dy, const Shape& input, int axis) {
@@ -248,9 +256,7 @@ Tensor<T, D> logsumexp(const Tensor<T, D>& x, int axis, bool keepdims = false) {
 /// Sum of all elements, as a 0-d tensor (accumulated in the compute type, in a fixed order).
 template <Element T, Device D>
 Tensor<T, D> sum(const Tensor<T, D>& x) {
-  auto partial = detail::reduce_all_partials<detail::SumReducer>(x, "sum");
-  while (partial.size() > 1) partial = detail::reduce_all_partials<detail::SumReducer>(partial, "sum");
-  Tensor<T, D> y = cast<T>(partial.reshape(Shape{}));
+  Tensor<T, D> y = cast<T>(detail::reduce_all<detail::SumReducer>(x, "sum").reshape(Shape{}));
   if constexpr (FloatElement<T>) {
     if (detail::recording(x)) {
       detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape()](detail::Tape& t, const Tensor<T, D>& dy) {
@@ -265,8 +271,7 @@ Tensor<T, D> sum(const Tensor<T, D>& x) {
 template <FloatElement T, Device D>
 Tensor<T, D> mean(const Tensor<T, D>& x) {
   TG_CHECK(x.size() > 0, "mean", "the mean of an empty tensor is undefined (shape ", x.shape().str(), ")");
-  auto total = detail::reduce_all_partials<detail::SumReducer>(x, "mean");
-  while (total.size() > 1) total = detail::reduce_all_partials<detail::SumReducer>(total, "mean");
+  const auto total = detail::reduce_all<detail::SumReducer>(x, "mean");
   Tensor<T, D> y = cast<T>(mul(total.reshape(Shape{}), 1.0 / static_cast<double>(x.size())));
   if (detail::recording(x)) {
     detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape()](detail::Tape& t, const Tensor<T, D>& dy) {
@@ -280,9 +285,7 @@ Tensor<T, D> mean(const Tensor<T, D>& x) {
 template <Element T, Device D>
 Tensor<T, D> max(const Tensor<T, D>& x) {
   TG_CHECK(x.size() > 0, "max", "cannot take the maximum of an empty tensor");
-  auto partial = detail::reduce_all_partials<detail::MaxReducer>(x, "max");
-  while (partial.size() > 1) partial = detail::reduce_all_partials<detail::MaxReducer>(partial, "max");
-  Tensor<T, D> y = cast<T>(partial.reshape(Shape{}));
+  Tensor<T, D> y = cast<T>(detail::reduce_all<detail::MaxReducer>(x, "max").reshape(Shape{}));
   if constexpr (FloatElement<T>) {
     if (detail::recording(x)) {
       detail::record(y, {x.trace()}, [in = x.trace(), x0 = x.untraced(), y0 = y.untraced()](detail::Tape& t, const Tensor<T, D>& dy) {
@@ -301,38 +304,35 @@ Tensor<std::int32_t, D> argmax(const Tensor<T, D>& x) {
   return argmax(x.untraced().reshape({-1}), 0).reshape(Shape{});
 }
 
-/// softmax over the last axis: exp(x - max) / sum(exp(x - max)).
-template <FloatElement T, Device D>
-Tensor<T, D> softmax(const Tensor<T, D>& x) {
-  detail::check_defined(x, "softmax");
-  TG_CHECK(x.rank() >= 1, "softmax", "needs at least one axis, got a scalar");
+namespace detail {
+/// softmax (Log: log_softmax) over the last axis: one row per item forward, one kernel backward.
+template <bool Log, FloatElement T, Device D>
+Tensor<T, D> softmax_over_rows(const Tensor<T, D>& x, const char* op) {
+  check_defined(x, op);
+  TG_CHECK(x.rank() >= 1, op, "needs at least one axis, got a scalar");
   const std::int64_t n = x.dim(-1);
   Tensor<T, D> y(x.shape());
-  detail::index_map<D>(n ? x.size() / n : 0, detail::SoftmaxRowFn<T, false>{x.data(), y.data(), n}, 16 * n);
-  if (detail::recording(x)) {
-    // dx = y * (dy - sum(dy * y)) along the last axis, one kernel.
-    detail::record(y, {x.trace()}, [in = x.trace(), y0 = y.untraced()](detail::Tape& t, const Tensor<T, D>& dy) {
-      t.accumulate(in, detail::softmax_backward<T, false>(y0, dy));
+  index_map<D>(n ? x.size() / n : 0, SoftmaxRowFn<T, Log>{x.data(), y.data(), n}, 16 * n);
+  if (recording(x)) {
+    // softmax: dx = y * (dy - sum(dy * y)); log_softmax: dx = dy - softmax(x) * sum(dy); along the last axis.
+    record(y, {x.trace()}, [in = x.trace(), y0 = y.untraced()](Tape& t, const Tensor<T, D>& dy) {
+      t.accumulate(in, softmax_backward<T, Log>(y0, dy));
     });
   }
   return y;
+}
+}  // namespace detail
+
+/// softmax over the last axis: exp(x - max) / sum(exp(x - max)).
+template <FloatElement T, Device D>
+Tensor<T, D> softmax(const Tensor<T, D>& x) {
+  return detail::softmax_over_rows<false>(x, "softmax");
 }
 
 /// log_softmax over the last axis: x - max - log(sum(exp(x - max))).
 template <FloatElement T, Device D>
 Tensor<T, D> log_softmax(const Tensor<T, D>& x) {
-  detail::check_defined(x, "log_softmax");
-  TG_CHECK(x.rank() >= 1, "log_softmax", "needs at least one axis, got a scalar");
-  const std::int64_t n = x.dim(-1);
-  Tensor<T, D> y(x.shape());
-  detail::index_map<D>(n ? x.size() / n : 0, detail::SoftmaxRowFn<T, true>{x.data(), y.data(), n}, 16 * n);
-  if (detail::recording(x)) {
-    // dx = dy - softmax(x) * sum(dy) along the last axis, one kernel.
-    detail::record(y, {x.trace()}, [in = x.trace(), y0 = y.untraced()](detail::Tape& t, const Tensor<T, D>& dy) {
-      t.accumulate(in, detail::softmax_backward<T, true>(y0, dy));
-    });
-  }
-  return y;
+  return detail::softmax_over_rows<true>(x, "log_softmax");
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

@@ -12,7 +12,8 @@
 #include "tapegrad/config.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
-namespace tg::inline TG_ABI::optim {
+TG_BEGIN_NAMESPACE
+namespace optim {
 
 /// The state of a stateless transformation: a pytree with no leaves.
 struct EmptyState {};
@@ -104,4 +105,5 @@ class AnyTransformation {
   std::shared_ptr<const Concept> impl_;
 };
 
-}  // namespace tg::optim
+}  // namespace optim
+TG_END_NAMESPACE

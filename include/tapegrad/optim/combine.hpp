@@ -1,5 +1,4 @@
 // chain(a, b, ...): transformations applied in order; the state is a std::tuple of theirs (no virtual calls).
-// A chain of adamw's atoms runs them as one fused pass (optim/fused.hpp).
 #pragma once
 
 #include <tuple>
@@ -7,9 +6,9 @@
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/optim/base.hpp"
-#include "tapegrad/optim/fused.hpp"
 
-namespace tg::inline TG_ABI::optim {
+TG_BEGIN_NAMESPACE
+namespace optim {
 
 /// Applies its transformations in order, each to the previous one's updates.
 template <class... G>
@@ -24,12 +23,6 @@ struct Chain {
   template <class Params>
   std::pair<Params, std::tuple<state_t<G, Params>...>> update(const Params& updates, const std::tuple<state_t<G, Params>...>& state,
                                                                const Params& params) const {
-    // adamw's atoms run as one fused pass (optim/fused.hpp): the same state and the same bits.
-    if constexpr (detail::adamw_atoms<G...>) {
-      if (fused_chains())
-        return detail::fused_adamw_update(std::get<0>(transforms), std::get<1>(transforms), std::get<2>(transforms), updates, state,
-                                          params);
-    }
     std::tuple<state_t<G, Params>...> next;
     Params u = updates;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -45,4 +38,5 @@ Chain<G...> chain(G... transforms) {
   return {std::tuple<G...>(std::move(transforms)...)};
 }
 
-}  // namespace tg::optim
+}  // namespace optim
+TG_END_NAMESPACE

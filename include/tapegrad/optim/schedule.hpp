@@ -9,9 +9,10 @@
 #include <utility>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/error.hpp"
+#include "tapegrad/base/error.hpp"
 
-namespace tg::inline TG_ABI::optim {
+TG_BEGIN_NAMESPACE
+namespace optim {
 
 /// A schedule: a copyable value with TG_HD double operator()(int64 count).
 template <class S>
@@ -183,4 +184,5 @@ inline JoinedSchedule<PolynomialSchedule, CosineDecaySchedule> warmup_cosine_dec
                         warmup_steps, cosine_decay_schedule(peak_value, decay_steps - warmup_steps, alpha, exponent));
 }
 
-}  // namespace tg::optim
+}  // namespace optim
+TG_END_NAMESPACE

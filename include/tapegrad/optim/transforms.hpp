@@ -13,10 +13,13 @@
 #include <utility>
 
 #include "tapegrad/config.hpp"
+#include "tapegrad/ops/multi_tensor.hpp"
 #include "tapegrad/optim/base.hpp"
 #include "tapegrad/optim/schedule.hpp"
+#include "tapegrad/tree/global_norm.hpp"
 
-namespace tg::inline TG_ABI::optim {
+TG_BEGIN_NAMESPACE
+namespace optim {
 
 // ---- states (pytrees, so they checkpoint and tree_map like parameters) ----
 
@@ -65,7 +68,7 @@ L in_compute_type(F&& f, const L& leaf) {
 /// Adam's arithmetic for one element, in Optax's order and roundings: the moments are updated in the
 /// compute type C and rounded to the moments' dtype T, then bias-corrected with the incremented count's
 /// corrections c1 = 1 - b1^count, c2 = 1 - b2^count, and the update m_hat / (sqrt(v_hat + eps_root) + eps)
-/// is returned in C. scale_by_adam's kernel and the fused AdamW (optim/update.hpp) both run this.
+/// is returned in C. scale_by_adam's kernel and adamw's pass (optim/adamw.hpp) both run this.
 template <class T>
 struct AdamMath {
   using C = compute_t<T>;
@@ -370,65 +373,23 @@ inline Clip clip(double max_delta) {
 
 namespace detail {
 
-/// The leaf holding element `flat` of n leaves laid end to end from offset[0] = 0: the last whose offset is
-/// <= flat (a binary search, so empty leaves are passed over). The multi-leaf kernels find their leaf so.
-TG_HD inline int leaf_of(const std::int64_t* offset, int n, std::int64_t flat) {
-  int lo = 0, hi = n - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (offset[mid] <= flat) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
-
-/// Up to 32 leaves of one dtype, passed by value (the launch can be captured in a CUDA Graph); a flat index
-/// finds its leaf by binary search over the offsets.
-template <class T>
-struct ClipLeaves {
-  static constexpr int capacity = 32;
-  int n = 0;
-  std::int64_t offset[capacity + 1] = {};
-  const T* in[capacity] = {};
-  T* out[capacity] = {};
-};
-
-/// clip_by_global_norm's rescale (fn::ClipToNorm, in the compute type) over up to 32 leaves in one launch:
-/// element `flat` of the leaves taken in order, the norm read from the device.
-template <class T>
-struct ClipLeavesFn {
-  ClipLeaves<T> leaves;
+/// clip_by_global_norm's rescale of a chunk of one leaf (fn::ClipToNorm, in the compute type), the norm
+/// read from the device: leaves in, leaves out.
+struct ClipToNormFn {
   const float* norm;
   double max_norm;
-  TG_HD void element(int k, std::int64_t i) const {
-    using C = compute_t<T>;
-    leaves.out[k][i] = ::tg::detail::convert_to<T>(fn::ClipToNorm{max_norm}(::tg::detail::convert_from<C>(leaves.in[k][i]), static_cast<C>(norm[0])));
+  template <class Lists>
+  TG_HD void operator()(const Lists& l, const ::tg::detail::Chunk& c) const {
+    range(fn::ClipToNorm{max_norm}, norm[0], c.begin, c.end, l.ptr[0][c.tensor], l.ptr[1][c.tensor]);
   }
-  TG_HD void operator()(std::int64_t flat) const {
-    const int k = leaf_of(leaves.offset, leaves.n, flat);
-    element(k, flat - leaves.offset[k]);
+  template <class T>
+  TG_HOST_NOINLINE TG_HD static void range(fn::ClipToNorm clip, float norm, std::int64_t begin, std::int64_t end, const T* __restrict in,
+                                           T* __restrict out) {
+    using C = compute_t<T>;
+    const C n = static_cast<C>(norm);
+    for (std::int64_t i = begin; i < end; ++i) out[i] = ::tg::detail::convert_to<T>(clip(::tg::detail::convert_from<C>(in[i]), n));
   }
 };
-
-template <class T, class D>
-void run_clip(ClipLeaves<T>& batch, const float* norm, double max_norm) {
-  if (batch.n == 0) return;
-  const ClipLeavesFn<T> fn{batch, norm, max_norm};
-  if constexpr (std::is_same_v<D, Cpu>) {
-    // One parallel region, each leaf's elements split among the threads (no search per element).
-    ::tg::detail::cpu_kernel([fn] {
-#pragma omp parallel
-      for (int k = 0; k < fn.leaves.n; ++k) {
-        const std::int64_t n = fn.leaves.offset[k + 1] - fn.leaves.offset[k];
-#pragma omp for schedule(static) nowait
-        for (std::int64_t i = 0; i < n; ++i) fn.element(k, i);
-      }
-    });
-  } else {
-    ::tg::detail::index_map<D>(batch.offset[batch.n], fn);
-  }
-  batch = ClipLeaves<T>{};
-}
 
 }  // namespace detail
 
@@ -442,25 +403,25 @@ struct ClipByGlobalNorm {
     const auto norm = global_norm(updates);  // float, on the device
     // optax: select(norm < max_norm, t, (t / norm) * max_norm), in each leaf's compute type: one launch
     // per 32 leaves of a dtype, the norm read from the device.
-    std::tuple<detail::ClipLeaves<float>, detail::ClipLeaves<double>, detail::ClipLeaves<bf16>> batches;
+    const detail::ClipToNormFn clip{norm.data(), max_norm};
+    std::tuple<::tg::detail::TensorLists<float, 2>, ::tg::detail::TensorLists<double, 2>, ::tg::detail::TensorLists<bf16, 2>> lists;
+    auto run = [&](auto& group) {
+      if (!group.empty()) ::tg::detail::multi_tensor_map<D>(group, clip);
+      group = {};
+    };
     Params out = tree_map([&](const auto& g) {
       using L = std::remove_cvref_t<decltype(g)>;
       using T = typename L::value_type;
       if constexpr (FloatElement<T>) {
         L o(g.shape());
-        auto& batch = std::get<detail::ClipLeaves<T>>(batches);
-        const int k = batch.n++;
-        batch.in[k] = g.data(), batch.out[k] = o.data();
-        batch.offset[k + 1] = batch.offset[k] + g.size();
-        if (batch.n == detail::ClipLeaves<T>::capacity) detail::run_clip<T, D>(batch, norm.data(), max_norm);
+        auto& group = std::get<::tg::detail::TensorLists<T, 2>>(lists);
+        if (group.add({g.data(), o.data()}, g.size())) run(group);
         return o;
       } else {
         return g;
       }
     }, updates);
-    detail::run_clip<float, D>(std::get<0>(batches), norm.data(), max_norm);
-    detail::run_clip<double, D>(std::get<1>(batches), norm.data(), max_norm);
-    detail::run_clip<bf16, D>(std::get<2>(batches), norm.data(), max_norm);
+    std::apply([&](auto&... group) { (run(group), ...); }, lists);
     return {out, {}};
   }
 };
@@ -469,4 +430,5 @@ inline ClipByGlobalNorm clip_by_global_norm(double max_norm) {
   return {max_norm};
 }
 
-}  // namespace tg::optim
+}  // namespace optim
+TG_END_NAMESPACE

@@ -1,5 +1,4 @@
-// apply_updates (optax.apply_updates), and fused_adamw, the name adamw's fused pass had before chain()
-// ran it by itself (optim/fused.hpp).
+// apply_updates (optax.apply_updates): params + updates, leaf by leaf, in the parameters' dtype.
 #pragma once
 
 #include <cstdint>
@@ -7,37 +6,68 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/optim/alias.hpp"
+#include "tapegrad/ops/multi_tensor.hpp"
+#include "tapegrad/optim/base.hpp"
 
-namespace tg::inline TG_ABI::optim {
+TG_BEGIN_NAMESPACE
+namespace optim {
 
-/// params + updates, leaf by leaf, in the parameters' dtype (optax.apply_updates). Updates fresh from
-/// adamw's fused pass come with the sum already computed by that pass (optim/fused.hpp): it is returned
-/// instead of adding again, the same bits without another pass over the parameters.
+namespace detail {
+
+/// out = p + u over a chunk of one leaf, in the compute type, rounded once (tg::add's arithmetic).
+struct AddUpdatesFn {
+  template <class Lists>
+  TG_HD void operator()(const Lists& l, const ::tg::detail::Chunk& c) const {
+    range(c.begin, c.end, l.ptr[0][c.tensor], l.ptr[1][c.tensor], l.ptr[2][c.tensor]);
+  }
+  template <class T>
+  TG_HOST_NOINLINE TG_HD static void range(std::int64_t begin, std::int64_t end, const T* __restrict p, const T* __restrict u,
+                                           T* __restrict out) {
+    using C = compute_t<T>;
+    for (std::int64_t i = begin; i < end; ++i)
+      out[i] = ::tg::detail::convert_to<T>(::tg::detail::convert_from<C>(p[i]) + ::tg::detail::convert_from<C>(u[i]));
+  }
+};
+
+}  // namespace detail
+
+/// params + updates, leaf by leaf, in the parameters' dtype (optax.apply_updates): one launch per 32 leaves
+/// of a dtype, or tg::add per leaf where the tape records (the sum is then differentiable).
 template <class Params>
 Params apply_updates(const Params& params, const Params& updates) {
-  return tree_map([](const auto& p, const auto& u) {
-    using L = std::remove_cvref_t<decltype(p)>;
+  using D = tree_device_t<Params>;
+  bool traced = false;
+  tree_for_each_tensor([&](std::size_t, const std::string& path, const auto& p, const auto& u) {
+    TG_CHECK(p.shape() == u.shape(), "apply_updates", "update of shape ", u.shape().str(), " for the parameter '", path, "' of shape ",
+             p.shape().str());
+    traced = traced || ::tg::detail::recording(p, u);
+  }, params, updates);
+  if (traced) {
+    return tree_map([](const auto& p, const auto& u) {
+      if constexpr (FloatElement<typename std::remove_cvref_t<decltype(p)>::value_type>) return add(p, u);
+      else return p;
+    }, params, updates);
+  }
+  std::tuple<::tg::detail::TensorLists<float, 3>, ::tg::detail::TensorLists<double, 3>, ::tg::detail::TensorLists<bf16, 3>> lists;
+  auto run = [](auto& group) {
+    if (!group.empty()) ::tg::detail::multi_tensor_map<D>(group, detail::AddUpdatesFn{});
+    group = {};
+  };
+  Params out = params;
+  tree_for_each_tensor([&](std::size_t, const std::string&, auto& o, const auto& p, const auto& u) {
+    using L = std::remove_cvref_t<decltype(o)>;
     using T = typename L::value_type;
     if constexpr (FloatElement<T>) {
-      TG_CHECK(p.shape() == u.shape(), "apply_updates", "update of shape ", u.shape().str(), " for a parameter of shape ", p.shape().str());
-      if (!::tg::detail::recording(p, u))
-        if (auto fused = detail::take_applied(p, u)) return *fused;
-      return add(p, u);  // in the compute type, rounded to the parameter's dtype
-    } else {
-      return p;
+      o = L(p.shape());
+      auto& group = std::get<::tg::detail::TensorLists<T, 3>>(lists);
+      if (group.add({p.data(), u.data(), o.data()}, p.size())) run(group);
     }
-  }, params, updates);
+  }, out, params, updates);
+  std::apply([&](auto&... group) { (run(group), ...); }, lists);
+  return out;
 }
 
-/// adamw(lr, options, mask) under the name of its fast path: chain() runs adamw's three atoms as one
-/// fused pass (optim/fused.hpp), so the two are the same object, kept for code that names it.
-template <class LR, class Mask = AllLeaves>
-auto fused_adamw(LR learning_rate, AdamWOptions o = {}, Mask mask = {}) {
-  return adamw(learning_rate, o, std::move(mask));
-}
-
-}  // namespace tg::optim
+}  // namespace optim
+TG_END_NAMESPACE

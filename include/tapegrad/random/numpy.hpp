@@ -16,9 +16,10 @@
 #include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/error.hpp"
+#include "tapegrad/base/error.hpp"
 
-namespace tg::inline TG_ABI::random::numpy {
+TG_BEGIN_NAMESPACE
+namespace random::numpy {
 
 // PCG64's state is one 128-bit integer; __extension__ keeps -Wpedantic quiet about the GNU type, which g++,
 // clang and nvcc's host pass all provide on 64-bit targets (NumPy uses the same type where it exists).
@@ -320,4 +321,5 @@ class Generator {
 /// np.random.default_rng(seed).
 inline Generator default_rng(std::uint64_t seed) { return Generator(seed); }
 
-}  // namespace tg::random::numpy
+}  // namespace random::numpy
+TG_END_NAMESPACE

@@ -12,11 +12,12 @@
 #include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/bf16.hpp"
+#include "tapegrad/base/bf16.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/random/threefry.hpp"
 
-namespace tg::inline TG_ABI::random {
+TG_BEGIN_NAMESPACE
+namespace random {
 
 /// A key from an integer seed, as jax.random.key(seed): [0, seed] for 32-bit seeds (JAX's default x32
 /// mode), [seed >> 32, seed & 0xFFFFFFFF] for larger ones (as JAX with x64 enabled).
@@ -64,14 +65,7 @@ TG_HD inline float unit_float(std::uint32_t bits) {
 }
 
 TG_HD inline double unit_double(std::uint64_t bits) {
-  const std::uint64_t u = (bits >> 12) | 0x3FF0000000000000ull;
-  double d;
-#if defined(__CUDA_ARCH__)
-  d = __longlong_as_double(static_cast<long long>(u));
-#else
-  std::memcpy(&d, &u, sizeof d);
-#endif
-  return d - 1.0;
+  return ::tg::detail::bits_double((bits >> 12) | 0x3FF0000000000000ull) - 1.0;
 }
 
 /// bf16 in [0, 1) from 8 random bits (JAX draws 8 bits when the mantissa has fewer than 8).
@@ -226,6 +220,32 @@ Tensor<std::uint32_t, D> key_data(Key key) {
   return from_vector<D>(std::vector<std::uint32_t>{key.k0, key.k1});
 }
 
+namespace detail {
+/// out = fold_in(key, data) for a key held on the device.
+struct FoldInFn {
+  const std::uint32_t* key;
+  std::uint32_t data;
+  std::uint32_t* out;
+  TG_HD void operator()(std::int64_t) const {
+    std::uint32_t x0 = 0, x1 = data;
+    threefry2x32(Key{key[0], key[1]}, x0, x1);
+    out[0] = x0, out[1] = x1;
+  }
+};
+}  // namespace detail
+
+/// fold_in for a key held as a device tensor (uint32 of shape (2,), key_data): a new key tensor derived
+/// from `key` and `data`, equal to jax.random.fold_in(key, data), computed on the device, so a compiled
+/// step derives its per-site keys (dropout's) from the key it is given.
+template <Device D>
+Tensor<std::uint32_t, D> fold_in(const Tensor<std::uint32_t, D>& key, std::uint32_t data) {
+  TG_CHECK(key.defined() && key.shape() == Shape{2}, "random::fold_in", "a key tensor must have shape (2,) (jax.random.key_data), got ",
+           key.defined() ? key.shape().str() : std::string("an undefined tensor"));
+  Tensor<std::uint32_t, D> out(Shape{2});
+  ::tg::detail::index_map<D>(1, detail::FoldInFn{key.data(), data, out.data()});
+  return out;
+}
+
 /// 32 random bits per element, as jax.random.bits(key, shape) (uint32).
 template <Device D = Cpu>
 Tensor<std::uint32_t, D> bits(Key key, const Shape& shape) {
@@ -280,4 +300,5 @@ Tensor<std::int32_t, D> permutation(Key key, std::int64_t n) {
   return from_vector<D>(x, Shape{n});
 }
 
-}  // namespace tg::random
+}  // namespace random
+TG_END_NAMESPACE

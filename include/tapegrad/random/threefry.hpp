@@ -6,7 +6,8 @@
 
 #include "tapegrad/config.hpp"
 
-namespace tg::inline TG_ABI::random {
+TG_BEGIN_NAMESPACE
+namespace random {
 
 /// A PRNG key: two 32-bit words, as jax.random.key_data(key) shows them.
 struct Key {
@@ -53,4 +54,5 @@ TG_HD inline Key threefry_at(Key key, std::uint64_t i) {
   return {x0, x1};
 }
 
-}  // namespace tg::random
+}  // namespace random
+TG_END_NAMESPACE

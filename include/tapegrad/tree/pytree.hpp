@@ -1,5 +1,7 @@
 // Pytrees: structs of tensors registered once with TG_PYTREE, and containers of them, traversed with
-// paths ("enc.layers[0].w"). tree_map, leaves, paths, counts, zeros_like, global_norm, all_close.
+// paths ("enc.layers[0].w"): tree_map, tree_cast (a map that changes the leaves' dtype, and so the tree's
+// type), leaves, paths, counts, zeros_like, all_close. Structure only: what computes over a whole tree
+// (global_norm) is in tree/global_norm.hpp.
 #pragma once
 
 #include <array>
@@ -14,8 +16,6 @@
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/ops/elementwise.hpp"
-#include "tapegrad/ops/indexing.hpp"
-#include "tapegrad/ops/reduce.hpp"
 
 // ---- TG_PYTREE(Type, fields...) ----
 // Type is a struct or a class template (its name alone: TG_PYTREE(Mlp, w1, b1) for template <class D>
@@ -46,7 +46,7 @@
     requires(::tg::detail::names_type<Type, std::remove_cvref_t<Tg_Self>>())                              \
   auto tg_pytree_field_types(const Tg_Self*)->std::tuple<void* TG_PP_FOR_EACH(TG_PYTREE_FIELD_TYPE, __VA_ARGS__)>;
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 /// Any tensor: what tree_leaves returns.
 using AnyTensor =
@@ -226,71 +226,107 @@ Tree tree_zeros_like(const Tree& tree) {
 
 namespace detail {
 
-/// Sums of squares of fixed chunks of up to `max_arrays` float arrays in one launch: item i is chunk i of
-/// the arrays taken in order (a chunk never straddles two arrays), its sum written to partial[i]. A whole
-/// tree's squares in one kernel, each chunk summed in index order, so the result is reproducible.
-struct SquareChunksFn {
-  static constexpr int max_arrays = 64;
-  static constexpr std::int64_t chunk = 256;
-  const float* data[max_arrays] = {};
-  std::int64_t size[max_arrays] = {};
-  std::int64_t first[max_arrays + 1] = {};  ///< the first chunk of each array; first[count] = all chunks
-  int count = 0;
-  float* partial = nullptr;
-  TG_HD void operator()(std::int64_t i) const {
-    int a = 0;
-    while (a + 1 < count && first[a + 1] <= i) ++a;
-    const std::int64_t begin = (i - first[a]) * chunk, end = begin + chunk < size[a] ? begin + chunk : size[a];
-    float s = 0.0f;
-    for (std::int64_t k = begin; k < end; ++k) s += data[a][k] * data[a][k];
-    partial[i] = s;
-  }
+template <class X, class U> struct rebind;
+
+/// A template argument of a registered tree with its floating element type replaced by U: a floating
+/// element type becomes U, a tree is rebound, anything else (a device, an integer type) stays.
+template <class A, class U>
+struct rebind_arg {
+  using type = A;
 };
+template <class A, class U>
+  requires FloatElement<A>
+struct rebind_arg<A, U> {
+  using type = U;
+};
+template <class A, class U>
+  requires(!FloatElement<A> && requires { typename rebind<A, U>::type; })
+struct rebind_arg<A, U> {
+  using type = typename rebind<A, U>::type;
+};
+
+template <class T, class D, class U>
+struct rebind<Tensor<T, D>, U> {
+  using type = std::conditional_t<FloatElement<T>, Tensor<U, D>, Tensor<T, D>>;
+};
+template <class U>
+struct rebind<bool, U> {
+  using type = bool;
+};
+template <class X, std::size_t N, class U>
+struct rebind<std::array<X, N>, U> {
+  using type = std::array<typename rebind<X, U>::type, N>;
+};
+template <class X, class U>
+struct rebind<std::vector<X>, U> {
+  using type = std::vector<typename rebind<X, U>::type>;
+};
+template <class... X, class U>
+struct rebind<std::tuple<X...>, U> {
+  using type = std::tuple<typename rebind<X, U>::type...>;
+};
+template <class A, class B, class U>
+struct rebind<std::pair<A, B>, U> {
+  using type = std::pair<typename rebind<A, U>::type, typename rebind<B, U>::type>;
+};
+template <template <class...> class Tpl, class... A, class U>
+  requires Registered<Tpl<A...>>
+struct rebind<Tpl<A...>, U> {
+  using type = Tpl<typename rebind_arg<A, U>::type...>;
+};
+
+template <class Tree, class U>
+concept Rebindable = requires { typename rebind<Tree, U>::type; };
+
+/// `in` with every floating leaf cast to U, as the tree type Out (rebind<In, U>).
+template <Element U, class Out, class In>
+Out cast_tree(const In& in) {
+  if constexpr (is_tensor<In>::value) {
+    return cast<typename Out::value_type>(in);  // the rebound tree's leaf type: U, or a type the struct fixes
+  } else if constexpr (std::is_same_v<In, bool>) {
+    return in;
+  } else if constexpr (is_std_array<In>::value) {
+    Out out;
+    for (std::size_t i = 0; i < in.size(); ++i) out[i] = cast_tree<U, typename Out::value_type>(in[i]);
+    return out;
+  } else if constexpr (is_std_vector<In>::value) {
+    Out out;
+    out.reserve(in.size());
+    for (const auto& x : in) out.push_back(cast_tree<U, typename Out::value_type>(x));
+    return out;
+  } else if constexpr (is_tuple_like<In>::value) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return Out{cast_tree<U, std::tuple_element_t<I, Out>>(std::get<I>(in))...};
+    }(std::make_index_sequence<std::tuple_size_v<In>>{});
+  } else {
+    Out out;
+    tg_pytree_visit([](const char*, auto& to, const auto& from) { to = cast_tree<U, std::remove_cvref_t<decltype(to)>>(from); }, out, in);
+    return out;
+  }
+}
 
 }  // namespace detail
 
-/// sqrt of the sum of squares of every floating leaf, as a 0-d float tensor on the leaves' device. Computed
-/// on the device (no host synchronisation), in float (double trees: double rounded to float at the end).
-/// The float leaves take one kernel per 64 leaves (sums of squares of 256-element chunks) and one sum of
-/// the chunks' results, in order: a few kernels for a whole model instead of several per leaf.
-template <class Tree>
-Tensor<float, tree_device_t<Tree>> global_norm(const Tree& tree) {
-  using D = tree_device_t<Tree>;
-  Tensor<double, D> total64;
-  Tensor<float, D> total = zeros<float, D>(Shape{});
-  std::vector<Tensor<float, D>> floats, partials;
-  auto flush = [&] {
-    if (floats.empty()) return;
-    detail::SquareChunksFn f;
-    for (const auto& leaf : floats) {
-      f.data[f.count] = leaf.data(), f.size[f.count] = leaf.size();
-      f.first[f.count + 1] = f.first[f.count] + (leaf.size() + f.chunk - 1) / f.chunk;
-      ++f.count;
-    }
-    Tensor<float, D> partial(Shape{f.first[f.count]});
-    f.partial = partial.data();
-    if (partial.size() > 0) detail::index_map<D>(partial.size(), f, f.chunk);
-    partials.push_back(partial);
-    floats.clear();
-  };
-  tree_for_each([&](const std::string&, const auto& leaf) {
-    using L = std::remove_cvref_t<decltype(leaf)>;
-    using T = typename L::value_type;
-    if constexpr (std::is_same_v<T, double>) {
-      const auto s = sum(square(leaf));
-      total64 = total64.defined() ? add(total64, s) : s;
-    } else if constexpr (std::is_same_v<T, float>) {
-      floats.push_back(leaf.untraced());
-      if (floats.size() == static_cast<std::size_t>(detail::SquareChunksFn::max_arrays)) flush();
-    } else if constexpr (FloatElement<T>) {
-      total = add(total, sum(square(cast<float>(leaf))));
-    }
-  }, tree);
-  flush();
-  if (partials.size() == 1) total = add(total, sum(partials[0]));
-  else if (!partials.empty()) total = add(total, sum(concatenate(std::span<const Tensor<float, D>>(partials))));
-  if (total64.defined()) total = add(total, cast<float>(total64));
-  return sqrt(total);
+/// The type of tree_cast<U>(tree): Tree with its floating leaves of element type U.
+template <class Tree, Element U>
+using tree_rebind_t = typename detail::rebind<Tree, U>::type;
+
+/// The tree with its floating leaves cast to U, as jax.tree.map(lambda x: x.astype(U), tree): mixed
+/// precision's one cast per step, `tg::tree_cast<tg::bf16>(params)`. The result's type is the tree's
+/// template with its floating element type argument replaced (Mlp<D, float> -> Mlp<D, bf16>), so a
+/// registered struct meant for this is a template on its element type, and each leaf becomes the type the
+/// rebound struct declares for it (a field the struct fixes as double stays double; integer and mask
+/// leaves are kept); fields TG_PYTREE does not list are default-initialised. Differentiable (each leaf is a
+/// tg::cast), and free where a leaf's type does not change (it is shared).
+template <Element U, class Tree>
+auto tree_cast(const Tree& tree) {
+  if constexpr (detail::Rebindable<Tree, U>) {
+    return detail::cast_tree<U, tree_rebind_t<Tree, U>>(tree);
+  } else {
+    static_assert(detail::always_false<Tree>,
+                  "tree_cast: this tree's type cannot change its element type: make the registered struct a template whose "
+                  "parameters include its element type (template <class D, class T = float> struct Mlp { tg::Tensor<T, D> w; };)");
+  }
 }
 
 /// True when the trees have the same structure and shapes and every pair of elements satisfies
@@ -323,4 +359,4 @@ bool tree_all_close(const Tree& a, const Tree& b, double rtol = 1e-5, double ato
   return ok;
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

@@ -12,12 +12,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/error.hpp"
+#include "tapegrad/base/error.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 namespace cpu {
 
@@ -34,6 +35,12 @@ namespace detail {
     const dnnl_status_t tg_st_ = (call);                                                     \
     if (tg_st_ != dnnl_success) ::tg::cpu::detail::throw_dnnl(tg_st_, #call, __FILE__, __LINE__); \
   } while (0)
+
+/// oneDNN's version, "2.6.3".
+inline std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+}
 
 /// Element type of a GEMM operand.
 enum class GemmType { f32, bf16 };
@@ -274,4 +281,4 @@ class OneDnn {
 };
 
 }  // namespace cpu
-}  // namespace tg
+TG_END_NAMESPACE

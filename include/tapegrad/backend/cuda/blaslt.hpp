@@ -1,21 +1,53 @@
-/* Matrix multiplication, with help from cuBLASLt: RAII descriptors, epilogues for the fused layer,
-   heuristics cached per (m, n, k, transposes, dtype, epilogue), and an explicit workspace. */
+/* Matrix multiplication, with help from cuBLASLt, in its own terms: RAII descriptors, the epilogues,
+   heuristics cached per (m, n, k, transposes, dtype, epilogue), and an explicit workspace. What to fuse
+   is decided by the CUDA GEMM door (backend/cuda/gemm.hpp). Empty but for its version string without
+   TG_WITH_CUDA. */
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include "tapegrad/config.hpp"
 
 #if defined(TG_WITH_CUDA)
-#include "tapegrad/backend/cuda/check.hpp"
-#include "tapegrad/backend/cuda/context.hpp"
-#include "tapegrad/core/device.hpp"
+#include <cublasLt.h>
+#include <cublas_v2.h>
 
-namespace tg::inline TG_ABI::cuda {
+#include "tapegrad/base/error.hpp"
+#include "tapegrad/runtime/cuda/check.hpp"
+#include "tapegrad/runtime/cuda/context.hpp"
+#include "tapegrad/runtime/device.hpp"
+#endif
+
+TG_BEGIN_NAMESPACE
+namespace cuda {
+
+#if defined(TG_WITH_CUDA)
+
+namespace detail {
+[[noreturn]] inline void throw_cublas(cublasStatus_t st, const char* call, const char* file, int line) {
+  throw Error(::tg::detail::concat("[cublas] ", file, ":", line, ": ", call, " failed: ", cublasGetStatusName(st),
+                                   " (", cublasGetStatusString(st), ")"));
+}
+}  // namespace detail
+
+/// TG_CUBLAS_CHECK(cublasLtMatmul(...)): throws tg::Error naming the call and cuBLAS's status unless it succeeded.
+#define TG_CUBLAS_CHECK(call)                                                                  \
+  do {                                                                                         \
+    const cublasStatus_t tg_st_ = (call);                                                      \
+    if (tg_st_ != CUBLAS_STATUS_SUCCESS)                                                       \
+      ::tg::cuda::detail::throw_cublas(tg_st_, #call, __FILE__, __LINE__);                     \
+  } while (0)
+
+/// cuBLASLt's version, "13.0.2".
+inline std::string blaslt_version() {
+  const std::size_t lt = cublasLtGetVersion();
+  return std::to_string(lt / 10000) + "." + std::to_string(lt / 100 % 100) + "." + std::to_string(lt % 100);
+}
 
 /// What cuBLASLt fuses after the GEMM (column-major terms: D is m x n).
 enum class Epilogue {
@@ -244,5 +276,9 @@ class Lt {
   std::map<int, DeviceState> states_;
 };
 
-}  // namespace tg::cuda
+#else
+inline std::string blaslt_version() { return "not in this build (no TG_WITH_CUDA: link tapegrad::cuda)"; }
 #endif
+
+}  // namespace cuda
+TG_END_NAMESPACE

@@ -6,7 +6,7 @@
 
 #include "tapegrad/config.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 namespace detail {
 
@@ -30,15 +30,25 @@ TG_HD inline float bits_float(std::uint32_t u) {
 #endif
 }
 
+TG_HD inline double bits_double(std::uint64_t u) {
+#if defined(__CUDA_ARCH__)
+  return __longlong_as_double(static_cast<long long>(u));
+#else
+  double d;
+  std::memcpy(&d, &u, sizeof d);
+  return d;
+#endif
+}
+
 /// float -> bf16 bits, rounding to nearest even. Every NaN becomes the canonical quiet NaN 0x7FFF, as
 /// CUDA's __float2bfloat16 does on the host and `cvt.rn.bf16.f32` does on sm_80+.
+/// Branch-free, so a loop of it vectorises (the CPU's f32 -> bf16 conversion is one).
 TG_HD inline std::uint16_t float_to_bf16_bits(float f) {
   const std::uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
   // Adding 0x7FFF plus the lowest kept bit rounds half to even; a carry into the exponent is correct
   // (it rounds up to the next binade, or to infinity past the largest finite bf16).
-  const std::uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>((u + rounding) >> 16);
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? 0x7fffu : rounded);
 }
 
 TG_HD inline float bf16_bits_to_float(std::uint16_t b) {
@@ -67,4 +77,4 @@ struct bf16 {
 
 static_assert(sizeof(bf16) == 2, "bf16 must be two bytes");
 
-}  // namespace tg
+TG_END_NAMESPACE

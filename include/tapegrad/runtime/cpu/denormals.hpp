@@ -17,7 +17,8 @@
 
 #include <omp.h>
 
-namespace tg::inline TG_ABI::cpu {
+TG_BEGIN_NAMESPACE
+namespace cpu {
 
 namespace detail {
 inline constexpr unsigned flush_bits = 0x8040u;  // FTZ (bit 15) | DAZ (bit 6)
@@ -63,4 +64,5 @@ class FlushDenormals {
   bool previous_;
 };
 
-}  // namespace tg::cpu
+}  // namespace cpu
+TG_END_NAMESPACE

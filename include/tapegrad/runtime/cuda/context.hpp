@@ -9,10 +9,11 @@
 #include "tapegrad/config.hpp"
 
 #if defined(TG_WITH_CUDA)
-#include "tapegrad/backend/cuda/check.hpp"
-#include "tapegrad/core/device.hpp"
+#include "tapegrad/runtime/cuda/check.hpp"
+#include "tapegrad/runtime/device.hpp"
 
-namespace tg::inline TG_ABI::cuda {
+TG_BEGIN_NAMESPACE
+namespace cuda {
 
 /// An error a kernel found in the data (a label out of range). The first failing thread fills it in,
 /// in mapped host memory, and the next synchronisation raises it as a tg::Error: kernels cannot throw,
@@ -118,5 +119,6 @@ inline void deallocate(void* p, int device) noexcept {
   if (cudaFreeAsync(p, detail::context(device).stream) != cudaSuccess) (void)cudaGetLastError();
 }
 
-}  // namespace tg::cuda
+}  // namespace cuda
+TG_END_NAMESPACE
 #endif  // TG_WITH_CUDA

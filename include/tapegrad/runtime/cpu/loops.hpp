@@ -1,7 +1,9 @@
-// CPU loops: an OpenMP parallel loop over element indices that runs a TG_HD functor, and a parallel copy.
+// CPU loops: an OpenMP parallel loop over element indices that runs a TG_HD functor, a parallel copy, and
+// the f32 <-> bf16 conversions as loops the compiler vectorises. The library's OpenMP lives here.
 #pragma once
 
 #include "tapegrad/config.hpp"
+#include "tapegrad/base/bf16.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -10,7 +12,8 @@
 
 #include <omp.h>
 
-namespace tg::inline TG_ABI::cpu {
+TG_BEGIN_NAMESPACE
+namespace cpu {
 
 /// Calls f(i) for i in [0, n), in parallel when the work, n * work_per_item element operations, is large
 /// enough to pay for the threads.
@@ -42,4 +45,21 @@ inline void copy(void* dst, const void* src, std::size_t bytes) {
   }
 }
 
-}  // namespace tg::cpu
+/// f32 -> bf16 (round to nearest even, every NaN to the canonical NaN) and back, bitwise the scalar
+/// conversions of base/bf16.hpp, as plain loops the compiler vectorises.
+inline void convert(std::int64_t n, const float* __restrict x, bf16* __restrict y) {
+  auto* out = reinterpret_cast<std::uint16_t*>(y);
+#pragma omp parallel for simd schedule(static) if (n >= (std::int64_t{1} << 15))
+  for (std::int64_t i = 0; i < n; ++i) out[i] = ::tg::detail::float_to_bf16_bits(x[i]);
+}
+inline void convert(std::int64_t n, const bf16* __restrict x, float* __restrict y) {
+  const auto* in = reinterpret_cast<const std::uint16_t*>(x);
+#pragma omp parallel for simd schedule(static) if (n >= (std::int64_t{1} << 15))
+  for (std::int64_t i = 0; i < n; ++i) y[i] = ::tg::detail::bf16_bits_to_float(in[i]);
+}
+
+/// The OpenMP threads the CPU loops and oneDNN use (OMP_NUM_THREADS, or one per core).
+inline int threads() { return omp_get_max_threads(); }
+
+}  // namespace cpu
+TG_END_NAMESPACE

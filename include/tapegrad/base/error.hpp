@@ -8,7 +8,7 @@
 #include <string>
 #include <utility>
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 /// Every error tapegrad reports: a user mistake, bad input, or a failed CUDA / cuBLAS call.
 class Error : public std::runtime_error {
@@ -31,7 +31,7 @@ template <class... Args>
 }
 
 }  // namespace detail
-}  // namespace tg
+TG_END_NAMESPACE
 
 /// TG_CHECK(cond, "op", message parts...): throws tg::Error("[op] message") when cond is false.
 #define TG_CHECK(cond, op, ...)                  \

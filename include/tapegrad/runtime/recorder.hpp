@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/device.hpp"
-#include "tapegrad/core/error.hpp"
-#include "tapegrad/core/storage.hpp"
+#include "tapegrad/runtime/device.hpp"
+#include "tapegrad/base/error.hpp"
+#include "tapegrad/runtime/storage.hpp"
 
-namespace tg::inline TG_ABI::detail {
+TG_BEGIN_NAMESPACE
+namespace detail {
 
 class Recorder {
  public:
@@ -87,4 +88,5 @@ inline void forbid_in_compiled_step(const char* op, const char* what) {
                          "stay on the device until logged) or pass host data in as an input");
 }
 
-}  // namespace tg::detail
+}  // namespace detail
+TG_END_NAMESPACE

@@ -9,15 +9,15 @@
 #include <utility>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/device.hpp"
-#include "tapegrad/core/error.hpp"
-#include "tapegrad/backend/cpu/loops.hpp"
+#include "tapegrad/runtime/device.hpp"
+#include "tapegrad/base/error.hpp"
+#include "tapegrad/runtime/cpu/loops.hpp"
 
 #if defined(TG_WITH_CUDA)
-#include "tapegrad/backend/cuda/context.hpp"
+#include "tapegrad/runtime/cuda/context.hpp"
 #endif
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 /// Bytes on device D. CPU blocks are 64-byte aligned (one cache line, a full AVX-512 vector); CUDA
 /// blocks come from the stream-ordered pool of the device that was current at allocation.
@@ -102,4 +102,4 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
 }
 
 }  // namespace detail
-}  // namespace tg
+TG_END_NAMESPACE

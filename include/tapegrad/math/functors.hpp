@@ -7,15 +7,9 @@
 #include <type_traits>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/bf16.hpp"
+#include "tapegrad/base/bf16.hpp"
 
-namespace tg::inline TG_ABI {
-
-/// The type arithmetic is done in: float for float and bf16 (bf16 is a storage format), double for double,
-/// and the type itself for integers.
-template <class T> struct compute_type { using type = T; };
-template <> struct compute_type<bf16> { using type = float; };
-template <class T> using compute_t = typename compute_type<T>::type;
+TG_BEGIN_NAMESPACE
 
 namespace math {
 // Overloads that resolve to the float or double library function on host and device alike.
@@ -204,15 +198,5 @@ struct Select {
   template <class C> TG_HD C backward_b(std::uint8_t cond, C dy) const { return cond ? C(0) : dy; }
 };
 
-/// Conversion between element types (bf16 rounds to nearest even); the cotangent converts back.
-template <class To>
-struct Cast {
-  template <class From> TG_HD To operator()(From x) const {
-    if constexpr (std::is_same_v<To, bf16>) return bf16(static_cast<float>(x));
-    else if constexpr (std::is_same_v<From, bf16>) return static_cast<To>(static_cast<float>(x));
-    else return static_cast<To>(x);
-  }
-};
-
 }  // namespace fn
-}  // namespace tg
+TG_END_NAMESPACE

@@ -8,11 +8,12 @@
 #include <ostream>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/error.hpp"
+#include "tapegrad/base/error.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 /// The dimensions of a row-major tensor. Rank 0 is a scalar (one element).
 class Shape {
@@ -22,6 +23,7 @@ class Shape {
   Shape() = default;
   Shape(std::initializer_list<std::int64_t> dims) { assign(std::span(dims.begin(), dims.size())); }
   explicit Shape(std::span<const std::int64_t> dims) { assign(dims); }
+  explicit Shape(const std::vector<std::int64_t>& dims) { assign(dims); }
 
   int rank() const { return rank_; }
   /// Dimension `axis`; negative axes count from the end, as in NumPy.
@@ -84,4 +86,4 @@ class Shape {
   std::int64_t numel_ = 1;
 };
 
-}  // namespace tg
+TG_END_NAMESPACE

@@ -1,13 +1,11 @@
-// Checks for CUDA runtime and cuBLAS / cuBLASLt calls: failures throw tg::Error with file:line, the
-// call and the library's own message.
+// Checks for CUDA runtime calls and kernel launches: failures throw tg::Error with file:line, the call and
+// CUDA's own message.
 #pragma once
 
 #include "tapegrad/config.hpp"
 
 // Only with the CUDA backend: without TG_WITH_CUDA this header is empty, so no CUDA header is needed.
 #if defined(TG_WITH_CUDA)
-#include <cublasLt.h>
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <cxxabi.h>
@@ -18,9 +16,10 @@
 #include <string>
 #include <typeinfo>
 
-#include "tapegrad/core/error.hpp"
+#include "tapegrad/base/error.hpp"
 
-namespace tg::inline TG_ABI::cuda::detail {
+TG_BEGIN_NAMESPACE
+namespace cuda::detail {
 
 /// The readable name of a type (for messages about the functor a kernel ran), without tapegrad's ABI
 /// namespace: "tg::fn::Gelu", as the user writes it.
@@ -54,26 +53,14 @@ inline std::string out_of_memory_message(std::size_t bytes, int device, std::siz
                                    " (", cudaGetErrorString(err), ")"));
 }
 
-[[noreturn]] inline void throw_cublas(cublasStatus_t st, const char* call, const char* file, int line) {
-  throw Error(::tg::detail::concat("[cublas] ", file, ":", line, ": ", call, " failed: ", cublasGetStatusName(st),
-                                   " (", cublasGetStatusString(st), ")"));
-}
-
-}  // namespace tg::cuda::detail
+}  // namespace cuda::detail
+TG_END_NAMESPACE
 
 /// TG_CUDA_CHECK(cudaMemcpy(...)): throws tg::Error naming the call and CUDA's error unless it succeeded.
 #define TG_CUDA_CHECK(call)                                                                \
   do {                                                                                     \
     const cudaError_t tg_err_ = (call);                                                    \
     if (tg_err_ != cudaSuccess) ::tg::cuda::detail::throw_cuda(tg_err_, #call, __FILE__, __LINE__); \
-  } while (0)
-
-/// TG_CUBLAS_CHECK(cublasLtMatmul(...)): the same for cuBLAS and cuBLASLt status codes.
-#define TG_CUBLAS_CHECK(call)                                                                  \
-  do {                                                                                         \
-    const cublasStatus_t tg_st_ = (call);                                                      \
-    if (tg_st_ != CUBLAS_STATUS_SUCCESS)                                                       \
-      ::tg::cuda::detail::throw_cublas(tg_st_, #call, __FILE__, __LINE__);                     \
   } while (0)
 
 /// After a kernel launch: a bad configuration or an earlier asynchronous fault becomes a tg::Error.

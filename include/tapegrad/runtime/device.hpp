@@ -4,16 +4,17 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/error.hpp"
+#include "tapegrad/base/error.hpp"
 
 #if defined(TG_WITH_CUDA)
-#include "tapegrad/backend/cuda/check.hpp"
+#include "tapegrad/runtime/cuda/check.hpp"
 #endif
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 /// Host memory, computed by OpenMP loops and oneDNN.
 struct Cpu {
@@ -63,14 +64,33 @@ inline int device_count() {
 /// True when CUDA support is built in and at least one GPU can be used.
 inline bool available() { return device_count() > 0; }
 
-/// Throws tg::Error("no CUDA device: ...") naming `op` unless a GPU is usable.
+/// The one error of a build without the CUDA backend, raised by every CUDA entry point there (the device
+/// queries answer "none" instead): what to build to get it.
+[[noreturn]] inline void not_compiled_in(const char* op) {
+  ::tg::detail::fail(op, "CUDA support not compiled in: build this file with nvcc and link tapegrad::cuda");
+}
+
+/// Throws tg::Error("no CUDA device: ...") naming `op` unless a GPU is usable (without the CUDA backend:
+/// not_compiled_in).
 inline void require_device(const char* op) {
 #if defined(TG_WITH_CUDA)
   if (!available())
     ::tg::detail::fail(op, "no CUDA device: this machine has no usable NVIDIA GPU or driver "
                            "(cudaGetDeviceCount found none); use tg::Cpu tensors here");
 #else
-  ::tg::detail::fail(op, "CUDA support not compiled in: build this file with nvcc and link tapegrad::cuda");
+  not_compiled_in(op);
+#endif
+}
+
+/// The CUDA runtime's version ("13.0"), "unknown" when the runtime cannot say, or "not in this build".
+inline std::string runtime_version() {
+#if defined(TG_WITH_CUDA)
+  int runtime = 0;
+  const bool known = cudaRuntimeGetVersion(&runtime) == cudaSuccess;
+  (void)cudaGetLastError();
+  return known ? std::to_string(runtime / 1000) + "." + std::to_string(runtime % 1000 / 10) : "unknown";
+#else
+  return "not in this build (no TG_WITH_CUDA: link tapegrad::cuda)";
 #endif
 }
 
@@ -83,6 +103,18 @@ inline int current_device() {
   return d;
 #else
   return -1;
+#endif
+}
+
+/// Makes device `index` current for this thread's CUDA work (the library's stream and pool follow it).
+inline void set_device(int index) {
+  require_device("cuda::set_device");
+#if defined(TG_WITH_CUDA)
+  TG_CHECK(index >= 0 && index < device_count(), "cuda::set_device", "device index ", index, " is out of range: ", device_count(),
+           " device(s)");
+  TG_CUDA_CHECK(cudaSetDevice(index));
+#else
+  (void)index;
 #endif
 }
 
@@ -130,4 +162,39 @@ inline std::string describe_devices() {
 }
 
 }  // namespace cuda
-}  // namespace tg
+
+/// "cpu", or for CUDA the current device as "cuda:0 NVIDIA H200" (an error without one).
+template <Device D>
+std::string device_name() {
+  if constexpr (std::is_same_v<D, Cpu>) {
+    return "cpu";
+  } else {
+    cuda::require_device("device_name");
+    const int index = cuda::current_device();
+    return ::tg::detail::concat("cuda:", index, " ", cuda::device_info(index).name);
+  }
+}
+
+/// Runs `f.template operator()<D>()` for the device `device` names, chosen at run time: "cpu"; "cuda" (an
+/// error naming what is missing where this file cannot run CUDA work: no GPU, or not compiled by nvcc
+/// with tapegrad::cuda); "auto", CUDA where it can run, else the CPU. A training program's main picks its
+/// device with it and writes its body once, as a template on D; both instantiations return the same type.
+template <class F>
+decltype(auto) with_device(std::string_view device, F&& f) {
+  TG_CHECK(device == "auto" || device == "cpu" || device == "cuda", "with_device", "unknown device '", device,
+           "'; use auto, cpu or cuda");
+  if constexpr (cuda_kernels) {
+    if (device == "cuda" || (device == "auto" && cuda::available())) {
+      cuda::require_device("with_device(cuda)");
+      return f.template operator()<Cuda>();
+    }
+  } else if (device == "cuda") {
+    if constexpr (built_with_cuda)
+      ::tg::detail::fail("with_device(cuda)", "this file launches no CUDA kernels: compile it with nvcc (a .cu file, or "
+                                              "set_source_files_properties(... LANGUAGE CUDA))");
+    cuda::not_compiled_in("with_device(cuda)");
+  }
+  return f.template operator()<Cpu>();
+}
+
+TG_END_NAMESPACE

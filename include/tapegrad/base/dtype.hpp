@@ -5,9 +5,9 @@
 #include <type_traits>
 
 #include "tapegrad/config.hpp"
-#include "tapegrad/core/bf16.hpp"
+#include "tapegrad/base/bf16.hpp"
 
-namespace tg::inline TG_ABI {
+TG_BEGIN_NAMESPACE
 
 /// Run-time tag of an element type (for printing, checkpoints and errors; dispatch is static).
 enum class DType : std::uint8_t { f32, f64, bf16, i32, u32, u8 };
@@ -69,6 +69,30 @@ inline const char* name_of(DType d) {
   return "unknown";
 }
 
+/// The type arithmetic is done in: float for float and bf16 (bf16 is a storage format), double for double,
+/// and the type itself for integers.
+template <class T> struct compute_type { using type = T; };
+template <> struct compute_type<bf16> { using type = float; };
+template <class T> using compute_t = typename compute_type<T>::type;
+
+namespace detail {
+
+/// A value converted to element type T (to bf16: rounded to nearest even), on the host and the device.
+template <class T, class C>
+TG_HD T convert_to(C v) {
+  if constexpr (std::is_same_v<T, bf16>) return bf16(static_cast<float>(v));
+  else return static_cast<T>(v);
+}
+
+/// An element read as type C (bf16 goes through float, exactly).
+template <class C, class T>
+TG_HD C convert_from(T v) {
+  if constexpr (std::is_same_v<T, bf16>) return static_cast<C>(static_cast<float>(v));
+  else return static_cast<C>(v);
+}
+
+}  // namespace detail
+
 /// Size in bytes of one element of a run-time dtype.
 inline int size_of(DType d) {
   switch (d) {
@@ -80,4 +104,4 @@ inline int size_of(DType d) {
   return 0;
 }
 
-}  // namespace tg
+TG_END_NAMESPACE

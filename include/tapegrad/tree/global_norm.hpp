@@ -1,0 +1,57 @@
+// global_norm: the square root of the sum of squares of a whole tree's floating leaves, computed on the
+// leaves' device in a few launches (the multi-tensor launcher, ops/multi_tensor.hpp) and a fixed order.
+#pragma once
+
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tapegrad/config.hpp"
+#include "tapegrad/ops/elementwise.hpp"
+#include "tapegrad/ops/indexing.hpp"
+#include "tapegrad/ops/multi_tensor.hpp"
+#include "tapegrad/ops/reduce.hpp"
+#include "tapegrad/tree/pytree.hpp"
+
+TG_BEGIN_NAMESPACE
+
+/// sqrt of the sum of squares of every floating leaf, as a 0-d float tensor on the leaves' device (optax's
+/// global_norm). Computed on the device (no host synchronisation), in float (double trees: double rounded
+/// to float at the end). The float leaves take one launch per 64 leaves (sums of squares of 256-element
+/// chunks, each in index order) and one sum of the chunks' results, in order: a few kernels for a whole
+/// model instead of several per leaf, and the same bits on every device.
+template <class Tree>
+Tensor<float, tree_device_t<Tree>> global_norm(const Tree& tree) {
+  using D = tree_device_t<Tree>;
+  constexpr std::int64_t chunk = 256;
+  Tensor<double, D> total64;
+  Tensor<float, D> total = zeros<float, D>(Shape{});
+  std::vector<Tensor<float, D>> partials;
+  detail::TensorLists<float, 1, 64> lists;
+  auto flush = [&] {
+    if (lists.empty()) return;
+    Tensor<float, D> partial(Shape{lists.chunks(chunk)});
+    if (partial.size() > 0) detail::multi_tensor_apply<D>(chunk, lists, detail::SumSquaresFn{partial.data()});
+    partials.push_back(partial);
+    lists = {};
+  };
+  tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) {
+    using T = typename std::remove_cvref_t<decltype(leaf)>::value_type;
+    if constexpr (std::is_same_v<T, double>) {
+      const auto s = sum(square(leaf));
+      total64 = total64.defined() ? add(total64, s) : s;
+    } else if constexpr (std::is_same_v<T, float>) {
+      if (lists.add({leaf.data()}, leaf.size())) flush();
+    } else if constexpr (FloatElement<T>) {
+      total = add(total, sum(square(cast<float>(leaf))));
+    }
+  }, tree);
+  flush();
+  if (partials.size() == 1) total = add(total, sum(partials[0]));
+  else if (!partials.empty()) total = add(total, sum(concatenate(std::span<const Tensor<float, D>>(partials))));
+  if (total64.defined()) total = add(total, cast<float>(total64));
+  return sqrt(total);
+}
+
+TG_END_NAMESPACE
