@@ -6,7 +6,7 @@ A reference tool run by hand, never by CI or a test (pip install jax optax safet
 committed. Two subcommands:
 
   golden: loads the parameters the C++ example saved (safetensors, F32, tree-path names such as
-  "blocks[0].qkv_w"), takes the first training batch (the training-set indices
+  "blocks[0].qkv.w"), takes the first training batch (the training-set indices
   np.random.default_rng(seed).permutation(60000)[:batch], in that order), computes jax.value_and_grad of the
   mean cross-entropy with the accuracy as aux in float32 under one jax.jit, and writes JSON: the loss, the
   accuracy, the gradient's global norm and each leaf's gradient L2 norm (both in float64 from the float32
@@ -40,6 +40,14 @@ import numpy as np
 import optax
 
 BLOCK_LEAVES = ("ln1_scale", "ln1_bias", "qkv_w", "qkv_b", "out_w", "out_b", "ln2_scale", "ln2_bias", "fc1_w", "fc1_b", "fc2_w", "fc2_b")
+TOP_LEAVES = ("patch_w", "patch_b", "pos", "ln_scale", "ln_bias", "head_w", "head_b")
+
+
+def file_name(leaf):
+    """A leaf's name in the C++ example's safetensors file, its tree path: vit.hpp nests Flax's modules
+    (Dense {w, b}, LayerNorm {scale, bias}), so "qkv_w" is "qkv.w" and "ln1_scale" is "ln1.scale"."""
+    module, _, field = leaf.rpartition("_")
+    return f"{module}.{field}" if module else leaf
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 
 
@@ -74,29 +82,28 @@ def param_shapes(c):
     block = {"ln1_scale": (c.dim,), "ln1_bias": (c.dim,), "qkv_w": (c.dim, 3 * c.dim), "qkv_b": (3 * c.dim,),
              "out_w": (c.dim, c.dim), "out_b": (c.dim,), "ln2_scale": (c.dim,), "ln2_bias": (c.dim,),
              "fc1_w": (c.dim, c.mlp), "fc1_b": (c.mlp,), "fc2_w": (c.mlp, c.dim), "fc2_b": (c.dim,)}
-    shapes = {"patch_w": (c.patch * c.patch, c.dim), "patch_b": (c.dim,), "pos": (c.tokens, c.dim)}
+    shapes = {"patch.w": (c.patch * c.patch, c.dim), "patch.b": (c.dim,), "pos": (c.tokens, c.dim)}
     for l in range(c.layers):
-        shapes.update({f"blocks[{l}].{name}": block[name] for name in BLOCK_LEAVES})
-    shapes.update({"ln_scale": (c.dim,), "ln_bias": (c.dim,), "head_w": (c.dim, c.classes), "head_b": (c.classes,)})
+        shapes.update({f"blocks[{l}].{file_name(name)}": block[name] for name in BLOCK_LEAVES})
+    shapes.update({"ln.scale": (c.dim,), "ln.bias": (c.dim,), "head.w": (c.dim, c.classes), "head.b": (c.classes,)})
     return shapes
 
 
 def named_leaves(params):
     """(name, leaf) pairs of a parameter tree, named and ordered as in the safetensors file."""
-    for name in ("patch_w", "patch_b", "pos"):
-        yield name, params[name]
+    for name in TOP_LEAVES[:3]:
+        yield file_name(name), params[name]
     for l, block in enumerate(params["blocks"]):
         for name in BLOCK_LEAVES:
-            yield f"blocks[{l}].{name}", block[name]
-    for name in ("ln_scale", "ln_bias", "head_w", "head_b"):
-        yield name, params[name]
+            yield f"blocks[{l}].{file_name(name)}", block[name]
+    for name in TOP_LEAVES[3:]:
+        yield file_name(name), params[name]
 
 
 def tree_from_named(tensors, layers):
     """The parameter tree (a dict, "blocks" a list of dicts) from a {name: array} mapping."""
-    top = ("patch_w", "patch_b", "pos", "ln_scale", "ln_bias", "head_w", "head_b")
-    params = {name: tensors[name] for name in top}
-    params["blocks"] = [{name: tensors[f"blocks[{l}].{name}"] for name in BLOCK_LEAVES} for l in range(layers)]
+    params = {name: tensors[file_name(name)] for name in TOP_LEAVES}
+    params["blocks"] = [{name: tensors[f"blocks[{l}].{file_name(name)}"] for name in BLOCK_LEAVES} for l in range(layers)]
     return params
 
 

@@ -1,5 +1,6 @@
-// The trainer's output: tables printed in the terminal and collected into a self-contained HTML report
-// (inline SVG charts, PNG images as data: URIs), PNG files through libpng, and a progress bar.
+// The examples' output: tables printed in the terminal and collected into a self-contained HTML report
+// (inline SVG charts, PNG images as data: URIs), PNG files through libpng, a progress bar, and Log, which
+// does both at once for a report's sections. Shared by fashion_mnist and vit_fashion_mnist.
 #pragma once
 
 #include <png.h>
@@ -292,6 +293,36 @@ struct Report {
     h << "</body></html>\n";
     return h.str();
   }
+};
+
+/// A report's sections as they are made: each heading, table and sentence printed on the terminal (unless
+/// quiet) and added to the HTML report.
+class Log {
+ public:
+  Log(Report& report, bool quiet) : report_(report), quiet_(quiet) {}
+
+  void heading(const std::string& title, const std::string& intro) {
+    if (!quiet_) std::cout << "== " << title << "\n";
+    report_.section(title, intro);
+  }
+  void show(const Table& t) {
+    if (!quiet_) {
+      t.print(std::cout);
+      std::cout << "\n";
+    }
+    report_.table(t);
+  }
+  void say(const std::string& s) {
+    if (!quiet_) std::cout << "  " << s << "\n";
+    report_.text(s);
+  }
+  /// HTML for the report alone (figures, charts).
+  void html(const std::string& h) { report_.html(h); }
+  bool quiet() const { return quiet_; }
+
+ private:
+  Report& report_;
+  bool quiet_;
 };
 
 /// A progress bar on a terminal; plain lines at the logged steps otherwise; nothing when quiet.

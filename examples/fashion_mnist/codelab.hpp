@@ -20,10 +20,10 @@ using Tensor = tg::Tensor<float, D>;
 template <class D>
 using Labels = tg::Tensor<std::int32_t, D>;
 
-/// params = {"w1": ..., "b1": ..., ...}
-template <class D>
+/// params = {"w1": ..., "b1": ..., ...}; T is the element type (tg::tree_cast changes it).
+template <class D, class T = float>
 struct Mlp {
-  Tensor<D> w1, b1, w2, b2, w3, b3;
+  tg::Tensor<T, D> w1, b1, w2, b2, w3, b3;
 };
 TG_PYTREE(Mlp, w1, b1, w2, b2, w3, b3)
 
@@ -51,12 +51,14 @@ Mlp<D> init_mlp_params(tg::random::Key key, const Sizes& s = {}) {
           tg::zeros<float, D>({s.hidden2}),   he(k[2], s.hidden2, s.classes), tg::zeros<float, D>({s.classes})};
 }
 
-/// mlp(params, x, compute_dtype): logits (B, 10) in f32; the layers in C (parameters cast per call).
+/// mlp(params, x, compute_dtype): logits (B, 10) in f32; the layers in C (the parameters cast once per
+/// call, jax.tree.map(lambda p: p.astype(C), params)).
 template <class C, class D>
 Tensor<D> mlp(const Mlp<D>& params, const Tensor<D>& x) {
-  auto h = tg::linear(tg::cast<C>(x), tg::cast<C>(params.w1), tg::cast<C>(params.b1), tg::Activation::gelu);
-  h = tg::linear(h, tg::cast<C>(params.w2), tg::cast<C>(params.b2), tg::Activation::gelu);
-  return tg::cast<float>(tg::linear(h, tg::cast<C>(params.w3), tg::cast<C>(params.b3)));
+  const Mlp<D, C> p = tg::tree_cast<C>(params);
+  auto h = tg::linear(tg::cast<C>(x), p.w1, p.b1, tg::Activation::gelu);
+  h = tg::linear(h, p.w2, p.b2, tg::Activation::gelu);
+  return tg::cast<float>(tg::linear(h, p.w3, p.b3));
 }
 
 /// cross_entropy_loss(params, batch): the mean softmax cross-entropy.

@@ -35,20 +35,42 @@ struct Config {
   }
 };
 
-/// One pre-norm transformer block's parameters.
-template <class D>
-struct Block {
-  Tensor<D> ln1_scale, ln1_bias, qkv_w, qkv_b, out_w, out_b, ln2_scale, ln2_bias, fc1_w, fc1_b, fc2_w, fc2_b;
+/// flax.linen.Dense's parameters: the kernel (in, out) and the bias (out,); called on x (B, in).
+template <class D, class T = float>
+struct Dense {
+  tg::Tensor<T, D> w, b;
+  tg::Tensor<T, D> operator()(const tg::Tensor<T, D>& x, tg::Activation act = tg::Activation::none) const { return tg::linear(x, w, b, act); }
 };
-TG_PYTREE(Block, ln1_scale, ln1_bias, qkv_w, qkv_b, out_w, out_b, ln2_scale, ln2_bias, fc1_w, fc1_b, fc2_w, fc2_b)
+TG_PYTREE(Dense, w, b)
 
-template <class D>
-struct Vit {
-  Tensor<D> patch_w, patch_b, pos;
-  std::vector<Block<D>> blocks;
-  Tensor<D> ln_scale, ln_bias, head_w, head_b;
+/// flax.linen.LayerNorm's parameters: scale and bias (n,) over the last axis.
+template <class D, class T = float>
+struct LayerNorm {
+  tg::Tensor<T, D> scale, bias;
+  tg::Tensor<T, D> operator()(const tg::Tensor<T, D>& x, double eps) const { return tg::layer_norm(x, scale, bias, eps); }
 };
-TG_PYTREE(Vit, patch_w, patch_b, pos, blocks, ln_scale, ln_bias, head_w, head_b)
+TG_PYTREE(LayerNorm, scale, bias)
+
+/// One pre-norm transformer block: LayerNorm, self-attention (qkv in one Dense, the heads' outputs through
+/// `out`), LayerNorm, a GELU MLP.
+template <class D, class T = float>
+struct Block {
+  LayerNorm<D, T> ln1;
+  Dense<D, T> qkv, out;
+  LayerNorm<D, T> ln2;
+  Dense<D, T> fc1, fc2;
+};
+TG_PYTREE(Block, ln1, qkv, out, ln2, fc1, fc2)
+
+template <class D, class T = float>
+struct Vit {
+  Dense<D, T> patch;
+  tg::Tensor<T, D> pos;
+  std::vector<Block<D, T>> blocks;
+  LayerNorm<D, T> ln;
+  Dense<D, T> head;
+};
+TG_PYTREE(Vit, patch, pos, blocks, ln, head)
 
 /// init_params(key, config): weights normal / sqrt(fan_in) (LeCun normal), the position embedding
 /// normal * 0.02, biases 0, LayerNorm scales 1. Keys: split(key, 2 + 4 layers) — [0] patch embedding,
@@ -58,21 +80,24 @@ template <class D>
 Vit<D> init_params(tg::random::Key key, const Config& c = {}) {
   const auto k = tg::random::split(key, static_cast<int>(2 + 4 * c.layers));
   auto dense = [](tg::random::Key ki, std::int64_t fan_in, std::int64_t fan_out) {
-    return tg::random::normal<float, D>(ki, {fan_in, fan_out}) * static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
+    return Dense<D>{tg::random::normal<float, D>(ki, {fan_in, fan_out}) * static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in))),
+                    tg::zeros<float, D>({fan_out})};
   };
-  auto zeros = [](std::int64_t n) { return tg::zeros<float, D>({n}); };
-  auto ones = [](std::int64_t n) { return tg::ones<float, D>({n}); };
+  auto layer_norm = [](std::int64_t n) { return LayerNorm<D>{tg::ones<float, D>({n}), tg::zeros<float, D>({n})}; };
   Vit<D> p;
-  p.patch_w = dense(k[0], c.patch_pixels(), c.dim), p.patch_b = zeros(c.dim);
+  p.patch = dense(k[0], c.patch_pixels(), c.dim);
   p.pos = tg::random::normal<float, D>(k[1], {c.tokens(), c.dim}) * 0.02f;
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const auto* kl = &k[static_cast<std::size_t>(2 + 4 * l)];
-    p.blocks.push_back({ones(c.dim), zeros(c.dim), dense(kl[0], c.dim, 3 * c.dim), zeros(3 * c.dim), dense(kl[1], c.dim, c.dim),
-                        zeros(c.dim), ones(c.dim), zeros(c.dim), dense(kl[2], c.dim, c.mlp), zeros(c.mlp), dense(kl[3], c.mlp, c.dim),
-                        zeros(c.dim)});
+    p.blocks.push_back({.ln1 = layer_norm(c.dim),
+                        .qkv = dense(kl[0], c.dim, 3 * c.dim),
+                        .out = dense(kl[1], c.dim, c.dim),
+                        .ln2 = layer_norm(c.dim),
+                        .fc1 = dense(kl[2], c.dim, c.mlp),
+                        .fc2 = dense(kl[3], c.mlp, c.dim)});
   }
-  p.ln_scale = ones(c.dim), p.ln_bias = zeros(c.dim);
-  p.head_w = dense(tg::random::fold_in(key, 1000), c.dim, c.classes), p.head_b = zeros(c.classes);
+  p.ln = layer_norm(c.dim);
+  p.head = dense(tg::random::fold_in(key, 1000), c.dim, c.classes);
   return p;
 }
 
@@ -92,48 +117,43 @@ struct Rng {
 template <class C, class D>
 tg::Tensor<C, D> maybe_dropout(const tg::Tensor<C, D>& x, const Config& c, Rng<D> rng, std::uint32_t site) {
   if (rng.key == nullptr || c.dropout == 0.0) return x;
-  // A distinct mask per site: the step's key with the site's number added to its second word.
-  const auto site_key = tg::add(*rng.key, tg::from_vector<D>(std::vector<std::uint32_t>{0u, site}));
-  return tg::dropout(site_key, x, c.dropout);
+  // A distinct mask per site: jax.random.fold_in(key, site), on the device.
+  return tg::dropout(tg::random::fold_in(*rng.key, site), x, c.dropout);
 }
 
 /// Multi-head self-attention of h (B, T, dim) -> (B, T, dim), the softmax weights (B, heads, T, T) kept in
-/// `attention` when given.
+/// `weights` when given.
 template <class C, class D>
-tg::Tensor<C, D> attention(const Block<D>& b, const tg::Tensor<C, D>& h, const Config& c, tg::Tensor<C, D>* weights) {
+tg::Tensor<C, D> attention(const Block<D, C>& b, const tg::Tensor<C, D>& h, const Config& c, tg::Tensor<C, D>* weights) {
   const std::int64_t B = h.dim(0), T = h.dim(1);
   // (B T, 3 dim) -> (B, T, 3, heads, head_dim) -> (3, B, heads, T, head_dim)
-  const auto qkv = tg::transpose(tg::linear(h.reshape({B * T, c.dim}), tg::cast<C>(b.qkv_w), tg::cast<C>(b.qkv_b))
-                                     .reshape({B, T, 3, c.heads, c.head_dim()}),
-                                 {2, 0, 3, 1, 4});
+  const auto qkv = tg::transpose(b.qkv(h.reshape({B * T, c.dim})).reshape({B, T, 3, c.heads, c.head_dim()}), {2, 0, 3, 1, 4});
   const auto q = tg::index_in_dim(qkv, 0), k = tg::index_in_dim(qkv, 1), v = tg::index_in_dim(qkv, 2);
-  const auto scores = tg::matmul(q, k, false, true) * static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim())));
-  const auto p = tg::softmax(scores);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim())));
+  const auto p = tg::softmax(tg::einsum("bhqd,bhkd->bhqk", q, k) * scale);
   if (weights) *weights = p;
-  const auto o = tg::transpose(tg::matmul(p, v), {0, 2, 1, 3}).reshape({B * T, c.dim});  // heads side by side
-  return tg::linear(o, tg::cast<C>(b.out_w), tg::cast<C>(b.out_b)).reshape({B, T, c.dim});
+  const auto o = tg::transpose(tg::einsum("bhqk,bhkd->bhqd", p, v), {0, 2, 1, 3}).reshape({B * T, c.dim});  // heads side by side
+  return b.out(o).reshape({B, T, c.dim});
 }
 
-/// forward(params, x, config): logits (B, classes) in f32, computed in C (parameters cast per call);
-/// each block's attention weights appended to `weights` when given.
+/// forward(params, x, config): logits (B, classes) in f32, computed in C (the parameters cast once, as
+/// Flax's dtype= does); each block's attention weights appended to `weights` when given.
 template <class C, class D>
-Tensor<D> forward(const Vit<D>& p, const Tensor<D>& x, const Config& c, Rng<D> rng = {},
+Tensor<D> forward(const Vit<D>& params, const Tensor<D>& x, const Config& c, Rng<D> rng = {},
                   std::vector<tg::Tensor<C, D>>* weights = nullptr) {
+  const Vit<D, C> p = tg::tree_cast<C>(params);
   const std::int64_t B = x.dim(0), T = c.tokens();
-  auto h = tg::linear(patches<C>(x, c), tg::cast<C>(p.patch_w), tg::cast<C>(p.patch_b)).reshape({B, T, c.dim}) + tg::cast<C>(p.pos);
+  auto h = p.patch(patches<C>(x, c)).reshape({B, T, c.dim}) + p.pos;
   std::uint32_t site = 0;
   for (const auto& b : p.blocks) {
     tg::Tensor<C, D> w;
-    const auto a = attention<C>(b, tg::layer_norm(h, tg::cast<C>(b.ln1_scale), tg::cast<C>(b.ln1_bias), c.ln_eps), c, weights ? &w : nullptr);
-    h = h + maybe_dropout(a, c, rng, site++);
+    h = h + maybe_dropout(attention<C>(b, b.ln1(h, c.ln_eps), c, weights ? &w : nullptr), c, rng, site++);
     if (weights) weights->push_back(w);
-    const auto m = tg::layer_norm(h, tg::cast<C>(b.ln2_scale), tg::cast<C>(b.ln2_bias), c.ln_eps).reshape({B * T, c.dim});
-    const auto f = tg::linear(tg::linear(m, tg::cast<C>(b.fc1_w), tg::cast<C>(b.fc1_b), tg::Activation::gelu), tg::cast<C>(b.fc2_w),
-                              tg::cast<C>(b.fc2_b));
-    h = h + maybe_dropout(f.reshape({B, T, c.dim}), c, rng, site++);
+    const auto m = b.ln2(h, c.ln_eps).reshape({B * T, c.dim});
+    h = h + maybe_dropout(b.fc2(b.fc1(m, tg::Activation::gelu)).reshape({B, T, c.dim}), c, rng, site++);
   }
-  const auto pooled = tg::mean(tg::layer_norm(h, tg::cast<C>(p.ln_scale), tg::cast<C>(p.ln_bias), c.ln_eps), 1);
-  return tg::cast<float>(tg::linear(pooled, tg::cast<C>(p.head_w), tg::cast<C>(p.head_b)));
+  const auto pooled = tg::mean(p.ln(h, c.ln_eps), 1);
+  return tg::cast<float>(p.head(pooled));
 }
 
 /// The mean softmax cross-entropy and, as aux, the batch accuracy.
