@@ -78,13 +78,8 @@ struct PermuteRowsFn {
 template <Device D, class F>
 void rows_or_elements(std::int64_t size, std::int64_t inner, const F& f) {
   if (size == 0) return;
-  if constexpr (std::is_same_v<D, Cpu>) {
-    if (inner > 1) {
-      index_map<D>(size / inner, [f, inner](std::int64_t r) { f.row(r, inner); }, inner);
-      return;
-    }
-  }
-  index_map<D>(size, f);
+  if (inner > 1) index_map_per_device<D>(size / inner, [f, inner](std::int64_t r) { f.row(r, inner); }, inner, size, f);
+  else index_map<D>(size, f);
 }
 
 /// Row-major strides of a shape.
@@ -246,13 +241,10 @@ Tensor<T, D> transpose(const Tensor<T, D>& x, std::span<const int> perm) {
   Tensor<T, D> y{Shape(out_dims)};
   f.x = x.data(), f.y = y.data();
   if (y.size() > 0) {
-    if constexpr (std::is_same_v<D, Cpu>) {
-      using R = detail::PermuteRowsFn<T>;
-      const std::int64_t rows = y.size() / f.dims[f.rank - 1];
-      detail::index_map<D>((rows + R::rows - 1) / R::rows, R{f, rows}, R::rows * f.dims[f.rank - 1]);
-    } else {
-      detail::index_map<D>(y.size(), f);
-    }
+    // The CPU copies rows of the last axis (R::rows per item), CUDA an element per thread.
+    using R = detail::PermuteRowsFn<T>;
+    const std::int64_t rows = y.size() / f.dims[f.rank - 1];
+    detail::index_map_per_device<D>((rows + R::rows - 1) / R::rows, R{f, rows}, R::rows * f.dims[f.rank - 1], y.size(), f);
   }
   if constexpr (FloatElement<T>) {
     if (detail::recording(x)) {

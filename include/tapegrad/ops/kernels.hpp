@@ -175,15 +175,14 @@ Tensor<TOut, D> reduce_axis(const Tensor<T, D>& x, int axis, bool keepdims, cons
   const int a = x.shape().normalize_axis(axis, op);
   const AxisView v = axis_view(x.shape(), a);
   Tensor<TOut, D> y(reduced_shape(x.shape(), a, keepdims));
-  if constexpr (std::is_same_v<D, Cpu>) {
-    if (v.inner > 1) {
-      using F = ReduceColumnsFn<R, T, TOut>;
-      const std::int64_t chunks = (v.inner + F::width - 1) / F::width;
-      index_map<D>(y.size() / v.inner * chunks, F{x.data(), y.data(), v.n, v.inner, chunks, R{}}, v.n * F::width);
-      return y;
-    }
+  const ReduceAxisFn<R, T, TOut> per_output{x.data(), y.data(), v.n, v.inner, R{}};
+  if (v.inner > 1) {  // columns: the CPU reduces blocks of 64 adjacent ones per item (contiguous loads)
+    using F = ReduceColumnsFn<R, T, TOut>;
+    const std::int64_t chunks = (v.inner + F::width - 1) / F::width;
+    index_map_per_device<D>(y.size() / v.inner * chunks, F{x.data(), y.data(), v.n, v.inner, chunks, R{}}, v.n * F::width, y.size(), per_output);
+  } else {
+    index_map<D>(y.size(), per_output, v.n);
   }
-  index_map<D>(y.size(), ReduceAxisFn<R, T, TOut>{x.data(), y.data(), v.n, v.inner, R{}}, v.n);
   return y;
 }
 

@@ -101,11 +101,6 @@ struct SumSquaresFn {
   }
 };
 
-/// The chunk of elementwise work on D: long contiguous runs on the CPU (loops that vectorise, few items),
-/// one element per thread on a GPU.
-template <Device D>
-inline constexpr std::int64_t elementwise_chunk = std::is_same_v<D, Cpu> ? 2048 : 1;
-
 /// multi_tensor_apply with D's elementwise chunk: for functors whose result does not depend on how the
 /// elements are grouped.
 template <Device D, class Lists, class F>

@@ -29,6 +29,21 @@ void index_map(std::int64_t n, const F& f, std::int64_t work_per_item = 1) {
   else cuda::index_map(n, f);
 }
 
+/// The same work written for each device: `cpu` over n_cpu items on the CPU (rows or column blocks:
+/// contiguous loops that vectorise, few items), `gpu` over n_gpu items on CUDA (an element per thread,
+/// coalesced). Both must compute the same result.
+template <Device D, class FCpu, class FGpu>
+void index_map_per_device(std::int64_t n_cpu, const FCpu& cpu, std::int64_t cpu_work_per_item, std::int64_t n_gpu, const FGpu& gpu) {
+  if constexpr (std::is_same_v<D, Cpu>) index_map<D>(n_cpu, cpu, cpu_work_per_item);
+  else index_map<D>(n_gpu, gpu);
+}
+
+/// The elements per item of elementwise work on D that is split into items (the multi-tensor launcher's
+/// chunks): long contiguous runs on the CPU (loops that vectorise, few items), one element per thread on a
+/// GPU.
+template <Device D>
+inline constexpr std::int64_t elementwise_chunk = std::is_same_v<D, Cpu> ? 2048 : 1;
+
 template <class From, class To>
 struct ConvertFn {
   const From* x;
