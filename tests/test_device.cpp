@@ -42,6 +42,30 @@ TEST_CASE("CPU storage is 64-byte aligned", "[device]") {
   CHECK(tg::version == std::string("0.1.0"));
 }
 
+TEST_CASE("freed host blocks of 64 KiB and more are kept and reused; release_cached_memory gives them back", "[device][memory]") {
+  tg::cpu::release_cached_memory();
+  REQUIRE(tg::cpu::cached_memory() == 0);
+  const void* first = nullptr;
+  {
+    const auto big = tg::zeros<float>({1 << 18});  // 1 MiB
+    first = big.data();
+  }
+  if (!tg::cpu::detail::cache_blocks) {  // AddressSanitizer: every block goes back at once
+    CHECK(tg::cpu::cached_memory() == 0);
+    return;
+  }
+  CHECK(tg::cpu::cached_memory() == std::size_t{1} << 20);
+  const auto again = tg::ones<float>({1 << 18});  // the same size: the same block, without a page fault per 4 KiB
+  CHECK(again.data() == first);
+  CHECK(tg::cpu::cached_memory() == 0);
+  CHECK(again.to_vector() == std::vector<float>(1 << 18, 1.0f));  // initialised by its op, not by the cache
+  { const auto small = tg::zeros<float>({100}); }  // 400 bytes: malloc's business
+  CHECK(tg::cpu::cached_memory() == 0);
+  { const auto other = tg::zeros<double>({1 << 17}); }
+  CHECK(tg::cpu::release_cached_memory() == std::size_t{1} << 20);
+  CHECK(tg::cpu::cached_memory() == 0);
+}
+
 TEST_CASE("FlushDenormals flushes subnormals in the pool's threads and restores the previous setting", "[device]") {
 #if defined(TG_HAVE_MXCSR)
   // Large enough that the multiply runs on every OpenMP thread.

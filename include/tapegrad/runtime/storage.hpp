@@ -11,6 +11,7 @@
 #include "tapegrad/config.hpp"
 #include "tapegrad/runtime/device.hpp"
 #include "tapegrad/base/error.hpp"
+#include "tapegrad/runtime/cpu/allocator.hpp"
 #include "tapegrad/runtime/cpu/loops.hpp"
 
 #if defined(TG_WITH_CUDA)
@@ -19,18 +20,17 @@
 
 TG_BEGIN_NAMESPACE
 
-/// Bytes on device D. CPU blocks are 64-byte aligned (one cache line, a full AVX-512 vector); CUDA
-/// blocks come from the stream-ordered pool of the device that was current at allocation.
+/// Bytes on device D. CPU blocks are 64-byte aligned (one cache line, a full AVX-512 vector) and large
+/// ones are reused once freed (runtime/cpu/allocator.hpp); CUDA blocks come from the stream-ordered pool
+/// of the device that was current at allocation.
 template <Device D>
 class Storage {
  public:
-  static constexpr std::size_t cpu_alignment = 64;
+  static constexpr std::size_t cpu_alignment = cpu::detail::BlockCache::alignment;
 
   explicit Storage(std::size_t bytes) : bytes_(bytes) {
     if constexpr (std::is_same_v<D, Cpu>) {
-      // aligned_alloc needs a size that is a multiple of the alignment; never ask for 0 bytes.
-      const std::size_t padded = (bytes + cpu_alignment - 1) / cpu_alignment * cpu_alignment;
-      data_ = std::aligned_alloc(cpu_alignment, padded == 0 ? cpu_alignment : padded);
+      data_ = cpu::detail::BlockCache::instance().allocate(padded(bytes));
       if (data_ == nullptr)
         ::tg::detail::fail("cpu::allocate", "out of memory allocating ", bytes, " bytes (", static_cast<double>(bytes) / (1 << 20),
                            " MiB); use smaller batches or free tensors first");
@@ -45,7 +45,7 @@ class Storage {
 
   ~Storage() {
     if constexpr (std::is_same_v<D, Cpu>) {
-      std::free(data_);
+      cpu::detail::BlockCache::instance().deallocate(data_, padded(bytes_));
     } else {
 #if defined(TG_WITH_CUDA)
       cuda::deallocate(data_, device_);
@@ -63,13 +63,19 @@ class Storage {
 
   /// Exchanges the blocks of two storages of the same size (compile() uses it to hand a caller a copy
   /// of a buffer its plan is about to overwrite, keeping the address the plan was recorded with).
-  friend void swap_blocks(Storage& a, Storage& b) noexcept {
+  friend void swap_blocks(Storage& a, Storage& b) noexcept {  // sizes travel with their blocks
     std::swap(a.data_, b.data_);
     std::swap(a.bytes_, b.bytes_);
     std::swap(a.device_, b.device_);
   }
 
  private:
+  /// The size of a CPU block: a multiple of the alignment (aligned_alloc's rule), never 0.
+  static std::size_t padded(std::size_t bytes) {
+    const std::size_t p = (bytes + cpu_alignment - 1) / cpu_alignment * cpu_alignment;
+    return p == 0 ? cpu_alignment : p;
+  }
+
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   int device_ = -1;
