@@ -253,6 +253,57 @@ TEST_CASE("slice_in_dim, index_in_dim and take read as JAX, and their gradients 
   CHECK_THROWS_WITH(tg::index_in_dim(x, 7, 1), Contains("index 7 is out of range"));
 }
 
+TEST_CASE("take's gradient is a segment sum in index order: many repeated, negative and out-of-range indices", "[ops][transformer][indexing]") {
+  // An embedding-shaped table (vocab 300, dim 37) and 2,000 token ids, many repeated, some negative and
+  // some out of range: the gradient equals the scatter-add in double, and in f32 exactly the sums in k's
+  // order (what each j's own segment adds up).
+  const std::int64_t vocab = 300, dim = 37, tokens = 2000;
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(tokens));
+  const auto r = rnd::bits<tg::Cpu>(rnd::key(5), {tokens}).to_vector();
+  for (std::size_t k = 0; k < ids.size(); ++k) ids[k] = static_cast<std::int32_t>(r[k] % 320) - 10;  // [-10, 310)
+  const auto table = tops::dnormal(41, {vocab, dim});
+  const auto w = tops::dnormal(42, {tokens, dim});
+  const auto idx = tg::from_vector<D>(ids, {tokens});
+  const auto g = tg::grad([&](const tg::Tensor<double, D>& p) { return tg::sum(tg::take(p, idx, 0) * w); })(table).to_vector();
+  std::vector<double> want(static_cast<std::size_t>(vocab * dim), 0.0);
+  const auto wv = w.to_vector();
+  for (std::int64_t k = 0; k < tokens; ++k) {
+    const std::int64_t j = ids[static_cast<std::size_t>(k)] < 0 ? ids[static_cast<std::size_t>(k)] + vocab : ids[static_cast<std::size_t>(k)];
+    if (j < 0 || j >= vocab) continue;
+    for (std::int64_t c = 0; c < dim; ++c) want[static_cast<std::size_t>(j * dim + c)] += wv[static_cast<std::size_t>(k * dim + c)];
+  }
+  CHECK(g == want);  // the same additions in the same order
+  // f32 and bf16: the element form CUDA runs equals the CPU's rows (and the f32 sums are in k's order).
+  const auto wf = tg::cast<float>(w);
+  const auto gf = tg::grad([&](const tg::Tensor<float, D>& p) { return tg::sum(tg::take(p, idx, 0) * wf); })(tg::cast<float>(table));
+  const auto wvf = wf.to_vector();
+  std::vector<float> want_f(static_cast<std::size_t>(vocab * dim), 0.0f);
+  for (std::int64_t k = 0; k < tokens; ++k) {
+    const std::int64_t j = ids[static_cast<std::size_t>(k)] < 0 ? ids[static_cast<std::size_t>(k)] + vocab : ids[static_cast<std::size_t>(k)];
+    if (j < 0 || j >= vocab) continue;
+    for (std::int64_t c = 0; c < dim; ++c) want_f[static_cast<std::size_t>(j * dim + c)] += wvf[static_cast<std::size_t>(k * dim + c)];
+  }
+  CHECK(gf.to_vector() == want_f);
+#if !defined(TG_TEST_CUDA)
+  const auto inverse = tg::Tensor<std::int32_t>(tg::Shape{2 * vocab + 1 + tokens});
+  tg::detail::index_map<tg::Cpu>(1, tg::detail::TakeInverseFn{idx.data(), vocab, tokens, inverse.data()});
+  for (const bool bf16 : {false, true}) {
+    auto both = [&]<class T>(T) {
+      const auto dy = tg::cast<T>(wf);
+      tg::Tensor<T> by_rows({vocab, dim}), by_elements({vocab, dim});
+      const tg::detail::TakeBackwardFn<T> f{dy.data(), inverse.data(), nullptr, vocab, tokens, dim};
+      auto rows = f, elements = f;
+      rows.dx = by_rows.data(), elements.dx = by_elements.data();
+      tg::detail::rows_or_elements<tg::Cpu>(by_rows.size(), dim, rows);
+      tg::detail::index_map<tg::Cpu>(by_elements.size(), elements);
+      CHECK(by_rows.to_vector() == by_elements.to_vector());
+    };
+    if (bf16) both(tg::bf16{});
+    else both(0.0f);
+  }
+#endif
+}
+
 TEST_CASE("concatenate and stack join as JAX, and their gradients split back", "[ops][transformer][indexing]") {
   const auto a = tops::dnormal(8, {2, 3, 4}), b = tops::dnormal(9, {2, 5, 4}), c = tops::dnormal(10, {2, 1, 4});
   const auto j = tg::concatenate({a, b, c}, 1);

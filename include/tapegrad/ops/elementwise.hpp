@@ -1,5 +1,5 @@
 // Elementwise ops with NumPy broadcasting: unary math, binary arithmetic, scalar overloads, comparisons,
-// where and cast. Each runs a functor from ops/functors.hpp through the device's index loop.
+// where and cast. Each runs a functor from math/functors.hpp through the device's index loop.
 #pragma once
 
 #include <algorithm>
@@ -83,6 +83,15 @@ struct BroadcastCopyFn {
   TG_HD void operator()(std::int64_t i) const { y[i] = x[index.offset(0, i)]; }
 };
 
+/// BroadcastCopyFn of one element (a scalar's cotangent spread over a tensor, as sum's backward): a fill
+/// from device memory, which vectorises.
+template <class T>
+struct BroadcastScalarFn {
+  const T* x;
+  T* y;
+  TG_HD void operator()(std::int64_t i) const { y[i] = x[0]; }
+};
+
 template <class Op, class C>
 concept UnaryDifferentiable = requires(const Op op, C x) { op.backward(x, x, x); };
 template <class Op, class C>
@@ -144,7 +153,7 @@ void unary_backward(std::int64_t n, const T* x, const T* y, const T* dy, T* dx, 
 
 }  // namespace detail
 
-/// y = op(x) elementwise, for an op functor of ops/functors.hpp (or your own TG_HD functor). Out is the
+/// y = op(x) elementwise, for an op functor of math/functors.hpp (or your own TG_HD functor). Out is the
 /// result element type: the input's by default (map<Op, double>(counts, op) gives doubles; only a
 /// same-type map is differentiable).
 template <class Op, class Out = void, Element T, Device D>
@@ -326,7 +335,8 @@ Tensor<T, D> broadcast_to(const Tensor<T, D>& x, const Shape& shape) {
   TG_CHECK(out == shape, "broadcast_to", "cannot broadcast ", x.shape().str(), " to ", shape.str());
   const Shape* in[1] = {&x.shape()};
   Tensor<T, D> y(out);
-  detail::index_map<D>(y.size(), detail::BroadcastCopyFn<T>{x.data(), y.data(), detail::BroadcastIndex<1>(out, in)});
+  if (x.size() == 1) detail::index_map<D>(y.size(), detail::BroadcastScalarFn<T>{x.data(), y.data()});
+  else detail::index_map<D>(y.size(), detail::BroadcastCopyFn<T>{x.data(), y.data(), detail::BroadcastIndex<1>(out, in)});
   if constexpr (FloatElement<T>) {
     if (detail::recording(x)) {
       detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape()](detail::Tape& t, const Tensor<T, D>& dy) {
