@@ -92,6 +92,71 @@ TEST_CASE("unary ops match double references", "[ops][elementwise]") {
               "sigmoid f64 tails");
 }
 
+TEST_CASE("exp_poly, the vectorisable float exp, is within 1 ulp of expf over its whole range", "[ops][elementwise]") {
+  // Every float from the smallest normal result's argument to the largest finite one, a stride of 7 (some
+  // 2.7e8 values in reach, 3.8e7 checked); outside, 0 and inf as expf rounds (after flushing subnormals).
+  std::int64_t worst = 0;
+  float at = 0;
+  auto bits = [](float f) {
+    std::int32_t i;
+    std::memcpy(&i, &f, sizeof f);
+    return i;
+  };
+  for (float x = -87.3365f; x <= 88.72283f;) {
+    const std::int64_t ulp = std::abs(static_cast<std::int64_t>(bits(tg::math::exp_poly(x))) - bits(std::exp(x)));
+    if (ulp > worst) worst = ulp, at = x;
+    for (int k = 0; k < 7; ++k) x = std::nextafter(x, 100.0f);
+  }
+  INFO("worst " << worst << " ulp at x = " << at);
+  CHECK(worst <= 1);
+  CHECK(tg::math::exp_poly(0.0f) == 1.0f);
+  CHECK(tg::math::exp_poly(-87.34f) == 0.0f);
+  CHECK(tg::math::exp_poly(-std::numeric_limits<float>::infinity()) == 0.0f);
+  CHECK(std::isinf(tg::math::exp_poly(88.73f)));
+  CHECK(std::isnan(tg::math::exp_poly(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(tg::math::exp_poly(1.5) == std::exp(1.5));  // double: the library's exp
+}
+
+TEST_CASE("the CPU loops give the same bits at every instruction set level", "[ops][elementwise]") {
+#if TG_CPU_MULTI_ISA
+  // The AVX2 and AVX-512 loops the CPU picks at run time against the baseline (SSE2) loop, on functors
+  // where contracting a * b + c into an FMA or reordering a sum would show: GELU's polynomial, a fused
+  // softmax row, exp_poly, a multiply-add. Levels this CPU lacks are skipped.
+  const std::int64_t n = 4099;
+  const auto a = rnd::normal<float, tg::Cpu>(rnd::key(1), {n}) * 3.0f, b = rnd::normal<float, tg::Cpu>(rnd::key(2), {n});
+  struct Mix {
+    const float *a, *b;
+    float* y;
+    void operator()(std::int64_t i) const {
+      y[4 * i] = tg::fn::Gelu{}(a[i]);
+      y[4 * i + 1] = a[i] * b[i] + y[4 * i];
+      y[4 * i + 2] = tg::math::exp_poly(a[i]);
+      y[4 * i + 3] = tg::fn::Gelu{}.backward(a[i], y[4 * i], b[i]);
+    }
+  };
+  auto run = [&](auto loop) {
+    tg::Tensor<float, tg::Cpu> y({4 * n}), s({n / 17, 17});
+    loop(n, Mix{a.data(), b.data(), y.data()});
+    loop(n / 17, tg::detail::SoftmaxRowFn<float, false>{a.data(), s.data(), 17});
+    auto out = y.to_vector(), rows = s.to_vector();
+    out.insert(out.end(), rows.begin(), rows.end());
+    return out;
+  };
+  const auto baseline = run([](std::int64_t m, const auto& f) {
+    for (std::int64_t i = 0; i < m; ++i) f(i);
+  });
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) CHECK(run([](std::int64_t m, const auto& f) { tg::cpu::run_avx2(0, m, f); }) == baseline);
+#if TG_CPU_AVX512
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+    CHECK(run([](std::int64_t m, const auto& f) { tg::cpu::run_avx512(0, m, f); }) == baseline);
+#endif
+  CHECK(run([](std::int64_t m, const auto& f) { tg::cpu::run_range(0, m, f); }) == baseline);
+#else
+  SUCCEED("one instruction set level in this build");
+#endif
+}
+
 TEST_CASE("functor derivatives match central finite differences in double", "[ops][grad]") {
   // Each backward(x, y, dy) with dy = 1 must equal (f(x + h) - f(x - h)) / 2h; h = 1e-6 balances the
   // O(h^2) truncation against rounding (about 1e-10 relative), so 1e-7 relative is a safe bound.

@@ -28,6 +28,30 @@ TG_HD inline double abs(double x) { return ::fabs(x); }
 TG_HD inline float pow(float x, float p) { return ::powf(x, p); }
 TG_HD inline double pow(double x, double p) { return ::pow(x, p); }
 template <class C> TG_HD bool isnan(C x) { return x != x; }
+
+/// e^x for float in plain arithmetic, so that a loop of them vectorises (a call to expf does not):
+/// Cephes' expf (x = n ln 2 + r, |r| <= ln 2 / 2, a degree-6 polynomial in r, 2^n from the exponent bits),
+/// within 2 ulp of expf; 0 below -87.3365 (where expf is subnormal: tapegrad flushes those), inf above 88.72283,
+/// NaN for NaN. For rows of exponentials on the CPU (the fused attention's softmax); double calls exp.
+TG_HD inline float exp_poly(float x) {
+  const float t = x * 1.44269504088896341f;
+  const float n = (t + 12582912.0f) - 12582912.0f;  // t rounded to the nearest integer (|t| < 2^22)
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const float nc = n < -126.0f ? -126.0f : (n > 127.0f ? 127.0f : n);
+  const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(nc) + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &bits, sizeof scale);
+  const float y = p * scale * (n > 127.0f ? 2.0f : 1.0f);  // 2^128 as 2^127 * 2
+  return x < -87.3365f ? 0.0f : (x > 88.72283f ? INFINITY : (x != x ? x : y));
+}
+TG_HD inline double exp_poly(double x) { return ::exp(x); }
 }  // namespace math
 
 namespace fn {

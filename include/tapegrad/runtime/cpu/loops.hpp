@@ -8,24 +8,110 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include <omp.h>
 
 TG_BEGIN_NAMESPACE
 namespace cpu {
 
+// The loops below are where every CPU kernel's functor runs, so they decide its instruction set. A
+// library user's build rarely names one (no -march), which leaves x86-64's SSE2: 4 floats per vector. So
+// on x86-64 each loop is also compiled for AVX2 and (with GCC) AVX-512 F/VL/BW/DQ, the functor inlined into
+// each ([[gnu::flatten]]), and the CPU picks one at run time, once per process: the vectors -march=native
+// would give, in a binary that runs anywhere. Without contracting a * b + c into an FMA (GCC:
+// fp-contract=off; Clang, which cannot turn it off per function, gets AVX2 without FMA and no AVX-512),
+// and with no reassociation (none is allowed without -ffast-math), so every level computes the same bits.
+// Skipped where the build already targets AVX-512 (the plain loop is that), under nvcc (whose CUDA
+// binaries run their CPU work rarely and compile slowly enough) and off x86-64. TG_CPU_ISA=baseline|avx2
+// caps the choice, for comparing.
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__AVX512F__)
+#define TG_CPU_MULTI_ISA 1
+#else
+#define TG_CPU_MULTI_ISA 0
+#endif
+#if TG_CPU_MULTI_ISA && !defined(__clang__)
+#define TG_CPU_AVX512 1
+#define TG_CPU_LOOP_ATTRIBUTES(isa) [[gnu::flatten]] __attribute__((target(isa), optimize("fp-contract=off")))
+#define TG_CPU_AVX2_ISA "avx2,fma,bmi,bmi2,popcnt,f16c"
+#else
+#define TG_CPU_AVX512 0
+#define TG_CPU_LOOP_ATTRIBUTES(isa) [[gnu::flatten]] __attribute__((target(isa)))
+#define TG_CPU_AVX2_ISA "avx2,bmi,bmi2,popcnt,f16c"
+#endif
+
+enum class Isa { baseline, avx2, avx512 };
+
+#if TG_CPU_MULTI_ISA
+/// The instruction set the loops run with: the best this CPU has (and the build can use), capped by
+/// TG_CPU_ISA.
+inline Isa isa() {
+  static const Isa chosen = [] {
+    __builtin_cpu_init();
+    Isa best = Isa::baseline;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c"))
+      best = Isa::avx2;
+    if (TG_CPU_AVX512 && best == Isa::avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+      best = Isa::avx512;
+    if (const char* cap = std::getenv("TG_CPU_ISA")) {
+      const std::string_view c = cap;
+      best = std::min(best, c == "baseline" ? Isa::baseline : c == "avx2" ? Isa::avx2 : Isa::avx512);
+    }
+    return best;
+  }();
+  return chosen;
+}
+
+template <class F>
+TG_CPU_LOOP_ATTRIBUTES(TG_CPU_AVX2_ISA) void run_avx2(std::int64_t begin, std::int64_t end, const F& f) {
+  for (std::int64_t i = begin; i < end; ++i) f(i);
+}
+#if TG_CPU_AVX512
+template <class F>
+TG_CPU_LOOP_ATTRIBUTES("avx512f,avx512vl,avx512bw,avx512dq," TG_CPU_AVX2_ISA) void run_avx512(std::int64_t begin, std::int64_t end, const F& f) {
+  for (std::int64_t i = begin; i < end; ++i) f(i);
+}
+#endif
+#else
+inline Isa isa() { return Isa::baseline; }
+#endif
+
+/// f(i) for i in [begin, end) on this thread, with the loop's instruction set.
+template <class F>
+void run_range(std::int64_t begin, std::int64_t end, const F& f) {
+#if TG_CPU_MULTI_ISA
+  switch (isa()) {
+#if TG_CPU_AVX512
+    case Isa::avx512: return run_avx512(begin, end, f);
+#else
+    case Isa::avx512:
+#endif
+    case Isa::avx2: return run_avx2(begin, end, f);
+    case Isa::baseline: break;
+  }
+#endif
+  for (std::int64_t i = begin; i < end; ++i) f(i);
+}
+
 /// Calls f(i) for i in [0, n), in parallel when the work, n * work_per_item element operations, is large
-/// enough to pay for the threads.
+/// enough to pay for the threads: each thread a contiguous share (OpenMP's static schedule).
 template <class F>
 void index_map(std::int64_t n, const F& f, std::int64_t work_per_item = 1) {
   constexpr std::int64_t parallel_threshold = 1 << 15;
   if (n < 2 || n * work_per_item < parallel_threshold) {
-    for (std::int64_t i = 0; i < n; ++i) f(i);
+    run_range(0, n, f);
     return;
   }
-#pragma omp parallel for schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) f(i);
+#pragma omp parallel
+  {
+    const std::int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const std::int64_t share = n / threads, extra = n % threads;
+    const std::int64_t begin = t * share + std::min(t, extra);
+    run_range(begin, begin + share + (t < extra ? 1 : 0), f);
+  }
 }
 
 /// memcpy, split among the OpenMP threads when large enough for two cores' bandwidth to pay.
