@@ -83,11 +83,18 @@ struct PlanBase {
   virtual ~PlanBase() = default;
   /// The work one replay runs: the CPU plan's kernels, or the CUDA graph's nodes.
   virtual std::size_t kernels() const = 0;
+  /// The bytes of the buffers it holds: inputs, outputs and the step's temporaries.
+  virtual std::size_t bytes() const = 0;
 };
 
 template <Device D, class Out>
 struct PlanFor : PlanBase {
   std::size_t kernels() const override { return std::is_same_v<D, Cpu> ? plan.kernels.size() : plan.graph.nodes(); }
+  std::size_t bytes() const override {
+    std::size_t n = 0;
+    for (const auto& b : plan.buffers) n += b->bytes();
+    return n;
+  }
   Plan<D> plan;
   Out prototype;  // the output tree with its tensor leaves undefined; filled from the buffers per call
 };
@@ -156,6 +163,10 @@ class Compiled {
   /// How much work one replay of the most recent recording runs: its CPU kernels, or on CUDA the nodes
   /// (kernels and copies) of its graph. 0 before the first call.
   std::size_t kernels() const { return last_ ? last_->kernels() : 0; }
+  /// The memory the most recent recording holds, in bytes (0 before the first call). On the CPU a
+  /// temporary's block serves the step's later temporaries of its size once it is free, so this is about
+  /// the step's peak, not the sum of all it allocates.
+  std::size_t memory_bytes() const { return last_ ? last_->bytes() : 0; }
   /// Drops every recording and the buffers they hold.
   void clear() {
     plans_.clear();
@@ -248,10 +259,14 @@ class Compiled {
     recorder.cpu_buffers = first.cpu_buffers;
     Held inputs = statics;
     for (const auto& [o, j] : pairs) {
+      // The twin is the first plan with the donated output's block and its input's block swapped: every
+      // allocation of the output's block (it may have held temporaries before the output, the block
+      // reused) goes to the input's, which the first plan only read.
       const auto computed = output_storage(out, o);
-      const auto at = std::find(recorder.cpu_buffers.begin(), recorder.cpu_buffers.end(), computed);
-      if (at == recorder.cpu_buffers.end()) return false;
-      *at = plan.buffers[plan.inputs[j].buffer];
+      bool found = false;
+      for (auto& b : recorder.cpu_buffers)
+        if (b == computed) b = plan.buffers[plan.inputs[j].buffer], found = true;
+      if (!found) return false;
       const std::size_t input = j;  // clang 14 cannot capture a structured binding
       tree_for_each_tensor([&](std::size_t k, const std::string&, auto& leaf) {
         using L = std::remove_cvref_t<decltype(leaf)>;

@@ -1,6 +1,7 @@
 // The hook tg::compile records a step through (compile/compile.hpp): while a Recorder is active on this
 // thread, every buffer the step allocates is kept alive for the plan, so that replays find each tensor at
-// the address it had when recorded, and every CPU kernel is also appended to the plan as a closure over
+// the address it had when recorded (on the CPU a block the step freed serves its later allocations of the
+// same size, as the eager allocator's would), and every CPU kernel is also appended to the plan as a closure over
 // those addresses. On CUDA the kernels are captured by the stream instead (a CUDA Graph), and a second
 // pass serves the recorded buffers back in allocation order while the stream is being captured.
 #pragma once
@@ -9,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -29,8 +31,12 @@ class Recorder {
   Mode mode = Mode::record;
   /// Append CPU kernels without running them (compile's second CPU plan, recorded over served buffers).
   bool dry = false;
-  std::vector<std::shared_ptr<Storage<Cpu>>> cpu_buffers;
+  std::vector<std::shared_ptr<Storage<Cpu>>> cpu_buffers;  // in allocation order; a reused block again
   std::vector<std::shared_ptr<Storage<Cuda>>> cuda_buffers;
+  /// The CPU blocks by size, each with how often it appears in cpu_buffers: a block that nothing else
+  /// holds (its use count is that plus this entry's) is free again, and the next allocation of its size
+  /// takes it (record mode).
+  std::unordered_map<std::size_t, std::vector<std::pair<std::shared_ptr<Storage<Cpu>>, long>>> cpu_blocks;
   std::size_t served = 0;
   std::vector<std::function<void()>> cpu_kernels;
 };
@@ -67,8 +73,25 @@ std::shared_ptr<Storage<D>> new_storage(std::size_t bytes) {
              " bytes); a compiled step must do the same work every time it is called with the same shapes");
     return kept[r->served++];
   }
-  kept.push_back(std::make_shared<Storage<D>>(bytes));
-  return kept.back();
+  if constexpr (std::is_same_v<D, Cpu>) {
+    // A block the recording freed (only the recorder still holds it) is reused, as the eager allocator
+    // would: the plan replays its kernels in the recorded order, so the block's earlier users have run by
+    // then, and the plan's memory is what the step needs at its peak rather than all it ever allocated.
+    auto& same_size = r->cpu_blocks[bytes];
+    for (auto& [block, uses] : same_size) {
+      if (block.use_count() == uses + 1) {
+        ++uses;
+        kept.push_back(block);
+        return block;
+      }
+    }
+    kept.push_back(std::make_shared<Storage<D>>(bytes));
+    same_size.emplace_back(kept.back(), 1);
+    return kept.back();
+  } else {
+    kept.push_back(std::make_shared<Storage<D>>(bytes));
+    return kept.back();
+  }
 }
 
 /// Runs a CPU kernel now and, while compile() records, also appends it to the plan it replays (a dry
