@@ -121,19 +121,17 @@ tg::Tensor<C, D> maybe_dropout(const tg::Tensor<C, D>& x, const Config& c, Rng<D
   return tg::dropout(tg::random::fold_in(*rng.key, site), x, c.dropout);
 }
 
-/// Multi-head self-attention of h (B, T, dim) -> (B, T, dim), the softmax weights (B, heads, T, T) kept in
-/// `weights` when given.
+/// Multi-head self-attention of h (B, T, dim) -> (B, T, dim), as Flax's MultiHeadDotProductAttention: q, k
+/// and v (B, T, heads, head_dim) from one Dense, jax.nn.dot_product_attention (fused: no (T, T) matrix in
+/// memory), the heads side by side through `out`. The softmax weights (B, heads, T, T) go to `weights` when
+/// given.
 template <class C, class D>
 tg::Tensor<C, D> attention(const Block<D, C>& b, const tg::Tensor<C, D>& h, const Config& c, tg::Tensor<C, D>* weights) {
   const std::int64_t B = h.dim(0), T = h.dim(1);
-  // (B T, 3 dim) -> (B, T, 3, heads, head_dim) -> (3, B, heads, T, head_dim)
-  const auto qkv = tg::transpose(b.qkv(h.reshape({B * T, c.dim})).reshape({B, T, 3, c.heads, c.head_dim()}), {2, 0, 3, 1, 4});
-  const auto q = tg::index_in_dim(qkv, 0), k = tg::index_in_dim(qkv, 1), v = tg::index_in_dim(qkv, 2);
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim())));
-  const auto p = tg::softmax(tg::einsum("bhqd,bhkd->bhqk", q, k) * scale);
-  if (weights) *weights = p;
-  const auto o = tg::transpose(tg::einsum("bhqk,bhkd->bhqd", p, v), {0, 2, 1, 3}).reshape({B * T, c.dim});  // heads side by side
-  return b.out(o).reshape({B, T, c.dim});
+  const auto qkv = b.qkv(h.reshape({B * T, c.dim})).reshape({B, T, 3, c.heads, c.head_dim()});
+  const auto q = tg::index_in_dim(qkv, 0, 2), k = tg::index_in_dim(qkv, 1, 2), v = tg::index_in_dim(qkv, 2, 2);
+  if (weights) *weights = tg::dot_product_attention_weights(q, k);
+  return b.out(tg::dot_product_attention(q, k, v).reshape({B * T, c.dim})).reshape({B, T, c.dim});
 }
 
 /// forward(params, x, config): logits (B, classes) in f32, computed in C (the parameters cast once, as

@@ -255,8 +255,8 @@ Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T
 
 /// Backward through a layer's activation, fused into the GEMM that produces its input gradient:
 /// g = a @ op(b); returns {dz = g * act'(z), db = sum over rows of dz}. With a = dz of the next layer
-/// and b = its weight (transpose_b), this is cuBLASLt's DGELU_BGRAD on CUDA in bf16 (see
-/// lt_dgelu_epilogue); otherwise the GEMM, act' by tapegrad's functor, and a column sum.
+/// and b = its weight (transpose_b), this is cuBLASLt's DGELU_BGRAD on CUDA in bf16 (see lt_dgelu_epilogue in
+/// backend/cuda/gemm.hpp); otherwise the GEMM, act' by tapegrad's functor, and a column sum.
 template <FloatElement T, Device D>
 std::pair<Tensor<T, D>, Tensor<T, D>> matmul_dact_bgrad(const Tensor<T, D>& a, const Tensor<T, D>& b, bool transpose_b,
                                                         const Tensor<T, D>& z, Activation act) {
@@ -273,7 +273,7 @@ std::pair<Tensor<T, D>, Tensor<T, D>> matmul_dact_bgrad(const Tensor<T, D>& a, c
 
 /// The weight and bias gradients of a layer in one GEMM: {dw = x^T @ dz, db = sum over rows of dz}.
 /// On CUDA the bias gradient comes from the GEMM's epilogue (BGRADA in the row-major swap), except in
-/// f64 (see lt_epilogues).
+/// f64 (see lt_epilogues in backend/cuda/gemm.hpp).
 template <FloatElement T, Device D>
 std::pair<Tensor<T, D>, Tensor<T, D>> matmul_bgrad(const Tensor<T, D>& x, const Tensor<T, D>& dz) {
   const detail::GemmDims g = detail::gemm_dims(x, dz, true, false, "matmul_bgrad");

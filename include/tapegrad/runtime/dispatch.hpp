@@ -44,6 +44,20 @@ void index_map_per_device(std::int64_t n_cpu, const FCpu& cpu, std::int64_t cpu_
 template <Device D>
 inline constexpr std::int64_t elementwise_chunk = std::is_same_v<D, Cpu> ? 2048 : 1;
 
+/// The floats one vector instruction of D's loops holds: 16, 8 or 4 on the CPU (the instruction set its
+/// loops picked at run time: AVX-512, AVX2 or SSE2), 1 on CUDA (a thread an element). For ops whose best
+/// algorithm depends on it.
+template <Device D>
+int vector_floats() {
+  if constexpr (std::is_same_v<D, Cpu>) return cpu::isa() == cpu::Isa::avx512 ? 16 : cpu::isa() == cpu::Isa::avx2 ? 8 : 4;
+  else return 1;
+}
+
+/// Whether D runs few long items best (the CPU's threads, each item a block of work with its own scratch)
+/// rather than many short ones (a GPU's threads): for ops whose two forms need different buffers.
+template <Device D>
+inline constexpr bool few_long_items = std::is_same_v<D, Cpu>;
+
 template <class From, class To>
 struct ConvertFn {
   const From* x;

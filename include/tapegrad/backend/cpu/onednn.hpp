@@ -1,5 +1,6 @@
-// CPU GEMM through oneDNN's matmul primitive, and its eltwise kernels for elementwise functions: f32 (and bf16 inputs with f32 accumulation where the CPU
-// has bf16 kernels), bias and activation fused as post-ops, primitives cached per shape, dtype and post-op.
+// oneDNN, in its own terms: the matmul primitive (f32, and bf16 inputs with f32 accumulation where the CPU
+// has bf16 kernels; a bias and an eltwise post-op), its eltwise kernels, primitives cached per shape, dtype
+// and post-op. What to ask of it is decided by the CPU's doors (backend/cpu/gemm.hpp, backend/eltwise.hpp).
 // Written against oneDNN's C API: nvcc 13 cannot parse dnnl.hpp in C++20 mode, and these headers are
 // included by .cu files too.
 #pragma once
