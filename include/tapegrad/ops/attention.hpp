@@ -555,11 +555,11 @@ template <Device D>
 bool attention_fused_is_faster(const AttentionDims& d) {
   const std::int64_t ts = d.T * d.S;
   const bool stops_at_diagonal = d.causal && d.mask == nullptr;
-  if constexpr (!std::is_same_v<D, Cpu>) return ts <= 64 * 64;
   switch (vector_floats<D>()) {
     case 16: return ts <= 128 * 128 || stops_at_diagonal;
     case 8: return ts <= 64 * 64 || (stops_at_diagonal && ts <= 256 * 256);
-    default: return false;
+    case 4: return false;
+    default: return ts <= 64 * 64;  // a GPU: a thread per row
   }
 }
 
