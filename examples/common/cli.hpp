@@ -41,7 +41,7 @@ struct Diverged : std::runtime_error {
 /// --device cuda where this program cannot use a GPU is bad input: a DataError naming the option and why.
 inline void check_device_option(const std::string& device) {
   try {
-    (void)tg::with_device(device, []<class D>() { return 0; });
+    (void)tg::with_device(device, [&]<class D>() { return 0; });  // [&]: nvcc warns (445-D) on a captureless template lambda
   } catch (const tg::Error& e) {
     throw DataError("--device " + device + ": " + e.what() + "; use --device cpu or auto");
   }

@@ -329,7 +329,7 @@ struct AttentionBlockFn {
   C* scratch;
   AttentionDims d;
   std::int64_t blocks_per_item;
-  static std::int64_t scratch_per_item(const AttentionDims& d) { return 2 * d.H * d.S + d.S; }
+  TG_HD static std::int64_t scratch_per_item(const AttentionDims& d) { return 2 * d.H * d.S + d.S; }
   TG_HD void operator()(std::int64_t item) const {
     for (std::int64_t blk = item * blocks_per_item; blk < (item + 1) * blocks_per_item && blk < d.B * d.N; ++blk)
       block(blk, scratch + item * scratch_per_item(d));
@@ -370,7 +370,7 @@ struct AttentionBlockBackwardFn {
   C* scratch;
   AttentionDims d;
   std::int64_t blocks_per_item;
-  static std::int64_t scratch_per_item(const AttentionDims& d) { return 5 * d.H * d.S + 2 * d.S; }
+  TG_HD static std::int64_t scratch_per_item(const AttentionDims& d) { return 5 * d.H * d.S + 2 * d.S; }
   TG_HD void operator()(std::int64_t item) const {
     for (std::int64_t blk = item * blocks_per_item; blk < (item + 1) * blocks_per_item && blk < d.B * d.N; ++blk)
       block(blk, scratch + item * scratch_per_item(d));

@@ -25,9 +25,19 @@ namespace cpu {
 // fp-contract=off; Clang, which cannot turn it off per function, gets AVX2 without FMA and no AVX-512),
 // and with no reassociation (none is allowed without -ffast-math), so every level computes the same bits.
 // Skipped where the build already targets AVX-512 (the plain loop is that), under nvcc (whose CUDA
-// binaries run their CPU work rarely and compile slowly enough) and off x86-64. TG_CPU_ISA=baseline|avx2
+// binaries run their CPU work rarely and compile slowly enough), under AddressSanitizer (the same functors
+// run in the plain loop, and the sanitized build stays within CI's time) and off x86-64. TG_CPU_ISA=baseline|avx2
 // caps the choice, for comparing.
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__AVX512F__)
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TG_CPU_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define TG_CPU_SANITIZED 1
+#endif
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__AVX512F__) && \
+    !defined(TG_CPU_SANITIZED)
 #define TG_CPU_MULTI_ISA 1
 #else
 #define TG_CPU_MULTI_ISA 0
