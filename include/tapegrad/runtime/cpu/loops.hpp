@@ -45,11 +45,11 @@ namespace cpu {
 #if TG_CPU_MULTI_ISA && !defined(__clang__)
 #define TG_CPU_AVX512 1
 #define TG_CPU_LOOP_ATTRIBUTES(isa) [[gnu::flatten]] __attribute__((target(isa), optimize("fp-contract=off")))
-#define TG_CPU_AVX2_ISA "avx2,fma,bmi,bmi2,popcnt,f16c"
+#define TG_CPU_AVX2_ISA "avx2,fma,bmi,bmi2,popcnt"
 #else
 #define TG_CPU_AVX512 0
 #define TG_CPU_LOOP_ATTRIBUTES(isa) [[gnu::flatten]] __attribute__((target(isa)))
-#define TG_CPU_AVX2_ISA "avx2,bmi,bmi2,popcnt,f16c"
+#define TG_CPU_AVX2_ISA "avx2,bmi,bmi2,popcnt"
 #endif
 
 enum class Isa { baseline, avx2, avx512 };
@@ -61,7 +61,7 @@ inline Isa isa() {
   static const Isa chosen = [] {
     __builtin_cpu_init();
     Isa best = Isa::baseline;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2"))
       best = Isa::avx2;
     if (TG_CPU_AVX512 && best == Isa::avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
