@@ -15,12 +15,34 @@
 #define TG_DEVICE
 #endif
 
+// TG_CPU_MULTI_ISA: whether the CPU loops are also compiled for wider vector units and picked at run
+// time (runtime/cpu/loops.hpp says why and where not).
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TG_CPU_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define TG_CPU_SANITIZED 1
+#endif
+#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__AVX512F__) && \
+    !defined(TG_CPU_SANITIZED)
+#define TG_CPU_MULTI_ISA 1
+#else
+#define TG_CPU_MULTI_ISA 0
+#endif
+
 // TG_HOST_NOINLINE keeps a function out of line in host code, so that the host compiler takes its
 // __restrict parameters as given and vectorises the loop inside without run-time alias checks (which g++
 // adds, and then fails, once such a function is inlined into a caller that reads its pointers from an
-// array). Device code inlines it as usual.
+// array). Device code inlines it as usual. Being out of line, such a loop is not inlined into the CPU
+// loops' wider versions, so with g++ it has its own: x86-64-v4 (AVX-512), v3 (AVX2) and the baseline,
+// picked by the loader (target_clones), without FMA contraction, like the loops (the same bits).
 #if defined(__CUDA_ARCH__)
 #define TG_HOST_NOINLINE
+#elif TG_CPU_MULTI_ISA && !defined(__clang__)
+#define TG_HOST_NOINLINE \
+  __attribute__((noinline, flatten, target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), optimize("fp-contract=off")))
 #else
 #define TG_HOST_NOINLINE __attribute__((noinline))
 #endif

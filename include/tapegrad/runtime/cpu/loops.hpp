@@ -28,20 +28,7 @@ namespace cpu {
 // binaries run their CPU work rarely and compile slowly enough), under AddressSanitizer (the same functors
 // run in the plain loop, and the sanitized build stays within CI's time) and off x86-64. TG_CPU_ISA=baseline|avx2
 // caps the choice, for comparing.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TG_CPU_SANITIZED 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__)
-#define TG_CPU_SANITIZED 1
-#endif
-#if (defined(__x86_64__) || defined(_M_X64)) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__) && !defined(__AVX512F__) && \
-    !defined(TG_CPU_SANITIZED)
-#define TG_CPU_MULTI_ISA 1
-#else
-#define TG_CPU_MULTI_ISA 0
-#endif
+// (TG_CPU_MULTI_ISA itself is decided in config.hpp.)
 #if TG_CPU_MULTI_ISA && !defined(__clang__)
 #define TG_CPU_AVX512 1
 #define TG_CPU_LOOP_ATTRIBUTES(isa) [[gnu::flatten]] __attribute__((target(isa), optimize("fp-contract=off")))
