@@ -100,6 +100,15 @@ struct AttentionScore {
     for (std::int64_t h = 0; h < d.H; ++h) s += convert_from<C>(qi[h]) * convert_from<C>(kj[h]);
     return s * C(d.scale);
   }
+  /// The largest of query row i's scores (masked ones included, as the softmax sees them).
+  TG_HD C row_max(std::int64_t b, std::int64_t n, std::int64_t i) const {
+    C m = lowest<C>();
+    for (std::int64_t j = 0; j < d.S; ++j) {
+      const C s = (*this)(b, n, i, j);
+      m = s > m ? s : m;
+    }
+    return m;
+  }
 };
 
 /// Forward, item (b, n, i) = ((b * N + n) * T + i): o_i = sum_j softmax_j(s_ij) v_j, and lse_i =
@@ -116,11 +125,7 @@ struct AttentionFn {
   TG_HD void operator()(std::int64_t item) const {
     const AttentionDims& d = score.d;
     const std::int64_t i = item % d.T, n = (item / d.T) % d.N, b = item / (d.T * d.N);
-    C m = lowest<C>();
-    for (std::int64_t j = 0; j < d.S; ++j) {
-      const C s = score(b, n, i, j);
-      m = s > m ? s : m;
-    }
+    const C m = score.row_max(b, n, i);
     C acc[attention_max_head_dim];
     for (std::int64_t h = 0; h < d.H; ++h) acc[h] = C(0);
     C sum = C(0);
@@ -154,11 +159,7 @@ struct AttentionWeightsFn {
   TG_HD void operator()(std::int64_t item) const {
     const AttentionDims& d = score.d;
     const std::int64_t i = item % d.T, n = (item / d.T) % d.N, b = item / (d.T * d.N);
-    C m = lowest<C>();
-    for (std::int64_t j = 0; j < d.S; ++j) {
-      const C s = score(b, n, i, j);
-      m = s > m ? s : m;
-    }
+    const C m = score.row_max(b, n, i);
     C sum = C(0);
     for (std::int64_t j = 0; j < d.S; ++j) sum += math::exp(score(b, n, i, j) - m);
     T* pi = p + item * d.S;
