@@ -28,6 +28,7 @@
 #include "tapegrad/tree/global_norm.hpp"
 #include "tapegrad/tree/pytree.hpp"
 #include "tapegrad/autodiff/grad.hpp"
+#include "tapegrad/autodiff/vmap.hpp"
 #include "tapegrad/autodiff/check_grads.hpp"
 #include "tapegrad/autodiff/check_numerics.hpp"
 #include "tapegrad/optim/optim.hpp"

@@ -7,4 +7,5 @@
 #include "../test_autodiff.cpp"
 #include "../test_optim.cpp"
 #include "../test_compile.cpp"
+#include "../test_vmap.cpp"
 #include "test_cuda_memory.cpp"

@@ -7,7 +7,9 @@
 #include <utility>
 
 #include "tapegrad/config.hpp"
+#include "tapegrad/core/batching.hpp"
 #include "tapegrad/core/tape.hpp"
+#include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/tree/pytree.hpp"
 
 TG_BEGIN_NAMESPACE
@@ -46,9 +48,17 @@ auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
   using Out = std::remove_cvref_t<std::invoke_result_t<F&, const Params&, Args&&...>>;
   Out out = [&] {
     ActiveTape active(&tape);
+    // Inside tg::vmap the gradient is per example: every leaf is given each active batch axis first (as
+    // JAX's batched backward pass makes a shared parameter's cotangent batched), so the tape's backward
+    // walk, which runs on the physical tensors, keeps the examples apart.
+    const std::uint32_t levels = active_levels();
     tree_for_each([&](const std::string&, auto& leaf) {
       using L = std::remove_cvref_t<decltype(leaf)>;
-      if constexpr (FloatElement<typename L::value_type>) leaf.set_trace({tape.id(), tape.new_node(leaf.shape())});
+      if constexpr (FloatElement<typename L::value_type>) {
+        if (levels && leaf.batch_levels() == 0) leaf = L::broadcast_view(leaf.untraced(), levels, with_batch(levels, leaf.shape(), "value_and_grad"));
+        else if (levels & ~leaf.batch_levels()) leaf = materialize(leaf.untraced(), levels | leaf.batch_levels());
+        leaf.set_trace({tape.id(), tape.new_node(leaf.physical_shape())});
+      }
     }, traced);
     return f(std::as_const(traced), std::forward<Args>(args)...);
   }();
@@ -64,8 +74,8 @@ auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
   TG_CHECK(loss.defined() && loss.rank() == 0, "value_and_grad", "the function must return a scalar (shape ()), got shape ",
            loss.defined() ? loss.shape().str() : std::string("<undefined>"), "; reduce it first, e.g. with tg::mean");
 
-  if (tape.owns(loss.trace())) {
-    tape.accumulate(loss.trace(), ones<typename Loss::value_type, typename Loss::device_type>(Shape{}));
+  if (tape.owns(loss.trace())) {  // batched: a scalar per example, each seeded with 1
+    tape.accumulate(loss.trace(), ones<typename Loss::value_type, typename Loss::device_type>(loss.physical().shape()));
     tape.backward();  // no tape is active: the backward rules record nothing
   }
   Params grads = traced;
@@ -75,7 +85,8 @@ auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
     using D = typename L::device_type;
     L cot;
     if constexpr (FloatElement<T>) cot = tape.cotangent<T, D>(p.trace().node);
-    g = cot.defined() ? cot.untraced() : zeros<T, D>(p.shape());  // an unused leaf: zeros of its shape
+    // An unused leaf: zeros of its shape. The tape's cotangents are physical: batched as the leaf is.
+    g = L::batched(cot.defined() ? cot.untraced() : zeros<T, D>(p.physical_shape()), p.batch_levels());
   }, grads, traced);
   return std::pair{strip_traces(std::move(out)), std::move(grads)};
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -36,6 +37,15 @@ struct FillFn {
   TG_HD void operator()(std::int64_t i) const { out[i] = value; }
 };
 
+/// out[i] = x[i % n]: one example repeated (a broadcast view materialised).
+template <Element T>
+struct RepeatFn {
+  const T* x;
+  T* out;
+  std::int64_t n;
+  TG_HD void operator()(std::int64_t i) const { out[i] = x[i % n]; }
+};
+
 template <Element T>
 struct ArangeFn {
   T* out;
@@ -48,6 +58,9 @@ struct ArangeFn {
 /// A row-major, contiguous n-d array of T on device D (tg::Cpu or tg::Cuda).
 /// Copies are cheap and share storage; ops return new tensors and never change their inputs.
 /// Inside value_and_grad a tensor may also carry a trace: its node on the tape recording the function.
+/// Inside tg::vmap it may be batched: its storage holds one per-example tensor per batch element (the
+/// batch axes first, one per vmap level it is batched at, outermost first), while shape(), size(),
+/// rank() and dim() describe one example, as in the function vmap was given (autodiff/vmap.hpp).
 template <Element T, Device D>
 class Tensor {
  public:
@@ -73,17 +86,81 @@ class Tensor {
   const std::shared_ptr<Storage<D>>& storage() const { return storage_; }
 
   bool defined() const { return storage_ != nullptr; }
-  const Shape& shape() const { return shape_; }
+  /// The shape (of one example, inside tg::vmap).
+  const Shape& shape() const { return batch_levels_ ? logical_ : shape_; }
   /// Number of elements.
-  std::int64_t size() const { return shape_.numel(); }
-  int rank() const { return shape_.rank(); }
+  std::int64_t size() const { return shape().numel(); }
+  int rank() const { return shape().rank(); }
   /// Size of dimension `axis` (negative counts from the end).
-  std::int64_t dim(int axis) const { return shape_[axis]; }
-  std::size_t nbytes() const { return static_cast<std::size_t>(size()) * sizeof(T); }
+  std::int64_t dim(int axis) const { return shape()[axis]; }
+  /// Bytes of the storage this tensor views (all examples of a batched tensor).
+  std::size_t nbytes() const { return static_cast<std::size_t>(shape_.numel()) * sizeof(T); }
   static constexpr DType dtype() { return dtype_of<T>; }
 
-  /// Pointer to the first element, in D's memory.
-  T* data() const { return storage_ ? static_cast<T*>(storage_->data()) : nullptr; }
+  /// Pointer to the first element, in D's memory. A batched tensor has none: an op reads it through
+  /// its batching rule, which works on physical(); reaching here means the op has none.
+  T* data() const {
+    if (batch_levels_ != 0) [[unlikely]] batched_data_error();
+    return storage_ ? static_cast<T*>(storage_->data()) : nullptr;
+  }
+
+  /// The vmap levels this tensor is batched at (bit d: the d-th enclosing tg::vmap); 0 when unbatched.
+  std::uint32_t batch_levels() const { return batch_levels_; }
+  /// The batched tensor as the ops see it: every example, the batch axes first; unbatched, itself. A
+  /// broadcast view is copied out once per example here (with its trace: the copies are its value).
+  Tensor physical() const {
+    if (shared_) {
+      Tensor r(shape_);
+      const std::int64_t n = logical_.numel();
+      if (r.size() > 0) ::tg::detail::index_map<D>(r.size(), ::tg::detail::RepeatFn<T>{static_cast<const T*>(storage_->data()), r.data(), n});
+      r.trace_ = trace_;
+      return r;
+    }
+    Tensor r = *this;
+    r.batch_levels_ = 0;
+    r.logical_ = Shape{};
+    return r;
+  }
+  /// The storage's shape: the batch axes first when batched (physical().shape(), without the copy).
+  const Shape& physical_shape() const { return shape_; }
+  /// `one` seen as batched at `levels` with every example equal to it, without copying it: how
+  /// value_and_grad inside tg::vmap gives each example the shared parameters, whose gradients are per
+  /// example (`physical_shape`: the batch axes, then one's shape). Ops whose batching rules know such
+  /// views (linear, matmul) use the one copy; the others see physical().
+  static Tensor broadcast_view(const Tensor& one, std::uint32_t levels, const Shape& physical_shape) {
+    TG_CHECK(one.batch_levels_ == 0 && levels != 0 && physical_shape.numel() % std::max<std::int64_t>(one.size(), 1) == 0, "vmap",
+             "cannot view ", one.shape().str(), " as ", physical_shape.str(), "; please report this as a tapegrad bug");
+    Tensor r = one;
+    r.batch_levels_ = levels;
+    r.logical_ = one.shape_;
+    r.shape_ = physical_shape;
+    r.shared_ = true;
+    return r;
+  }
+  /// True for a broadcast view: one example's storage, shared by every example.
+  bool is_broadcast_view() const { return shared_; }
+  /// The example a broadcast view holds, untraced and unbatched.
+  Tensor shared_example() const {
+    TG_CHECK(shared_, "vmap", "shared_example() of a tensor that is not a broadcast view; please report this as a tapegrad bug");
+    Tensor r = *this;
+    r.shape_ = logical_;
+    r.logical_ = Shape{};
+    r.batch_levels_ = 0;
+    r.shared_ = false;
+    r.trace_ = {};
+    return r;
+  }
+  /// `physical` seen as batched at `levels`: its first popcount(levels) axes are the batch axes, one per
+  /// level, outermost first (the batching rules and tg::vmap make these; a user has no need to).
+  static Tensor batched(const Tensor& physical, std::uint32_t levels) {
+    Tensor r = physical;
+    const int nb = std::popcount(levels);
+    TG_CHECK(physical.batch_levels_ == 0 && !physical.shared_ && nb <= physical.shape_.rank(), "vmap", "cannot batch a tensor of shape ",
+             physical.shape_.str(), " at ", nb, " levels; please report this as a tapegrad bug");
+    r.batch_levels_ = levels;
+    if (levels) r.logical_ = Shape(physical.shape_.dims().subspan(static_cast<std::size_t>(nb)));
+    return r;
+  }
 
   /// "cpu", or "cuda:<index> <device name>".
   std::string device_name() const {
@@ -107,13 +184,22 @@ class Tensor {
         if (x != -1) known *= x;
       TG_CHECK(known != 0 && size() % known == 0, "reshape", "cannot infer -1: ", size(),
                " elements do not divide into dimensions of size ", known, " (from ", shape_.str(), ")");
-      *std::find(d.begin(), d.end(), -1) = size() / known;
+      for (std::int64_t& x : d)
+        if (x == -1) x = size() / known;
     }
     return reshape(Shape(d));
   }
   Tensor reshape(const Shape& shape) const {
-    TG_CHECK(shape.numel() == size(), "reshape", "cannot reshape ", shape_.str(), " (", size(), " elements) to ",
+    TG_CHECK(shape.numel() == size(), "reshape", "cannot reshape ", this->shape().str(), " (", size(), " elements) to ",
              shape.str(), " (", shape.numel(), " elements)");
+    if (batch_levels_) {  // batching rule: the batch axes stay in front
+      const int nb = std::popcount(batch_levels_);
+      std::vector<std::int64_t> dims(shape_.dims().begin(), shape_.dims().begin() + nb);
+      dims.insert(dims.end(), shape.dims().begin(), shape.dims().end());
+      TG_CHECK(static_cast<int>(dims.size()) <= Shape::max_rank, "reshape", "inside tg::vmap the shape ", shape.str(),
+               " and ", nb, " batch axes exceed the maximum rank ", Shape::max_rank);
+      return batched(physical().reshape(Shape(dims)), batch_levels_);
+    }
     Tensor r = *this;
     r.shape_ = shape;
     r.trace_ = {};
@@ -127,6 +213,8 @@ class Tensor {
     require_defined("to");
     if constexpr (std::is_same_v<D, D2>) {
       return *this;
+    } else if (batch_levels_) {  // batching rule: every example moves
+      return Tensor<T, D2>::batched(physical().template to<D2>(), batch_levels_);
     } else {
       ::tg::detail::forbid_in_compiled_step("to", "a transfer between the host and a device");
       Tensor<T, D2> r(shape_);
@@ -139,6 +227,7 @@ class Tensor {
   /// The elements, in row-major order, copied to the host.
   std::vector<T> to_vector() const {
     require_defined("to_vector");
+    forbid_batched("to_vector");
     ::tg::detail::forbid_in_compiled_step("to_vector", "a host read");
     std::vector<T> v(static_cast<std::size_t>(size()));
     ::tg::detail::copy_bytes<Cpu, D>(v.data(), data(), nbytes());
@@ -148,6 +237,7 @@ class Tensor {
   /// The single element of a one-element tensor, copied to the host.
   T item() const {
     require_defined("item");
+    forbid_batched("item");
     ::tg::detail::forbid_in_compiled_step("item", "a host read");
     TG_CHECK(size() == 1, "item", "needs a tensor with exactly one element, got shape ", shape_.str(), " (",
              size(), " elements); index it with at({...}) or reduce it first");
@@ -159,6 +249,7 @@ class Tensor {
   /// The element at a full index (each in [-dim, dim)), copied to the host.
   T at(std::initializer_list<std::int64_t> index) const {
     require_defined("at");
+    forbid_batched("at");
     ::tg::detail::forbid_in_compiled_step("at", "a host read");
     TG_CHECK(static_cast<int>(index.size()) == rank(), "at", "index has ", index.size(),
              " components but the tensor has shape ", shape_.str());
@@ -179,8 +270,9 @@ class Tensor {
   /// Prints shape, dtype, device and up to the first 8 values.
   friend std::ostream& operator<<(std::ostream& os, const Tensor& t) {
     if (!t.defined()) return os << "Tensor(undefined)";
+    t.forbid_batched("operator<<");
     ::tg::detail::forbid_in_compiled_step("operator<<", "printing (a host read)");
-    os << "Tensor(shape=" << t.shape_ << ", dtype=" << dtype_name<T> << ", device=" << t.device_name() << ") [";
+    os << "Tensor(shape=" << t.shape() << ", dtype=" << dtype_name<T> << ", device=" << t.device_name() << ") [";
     constexpr std::int64_t shown = 8;
     const std::int64_t n = std::min(t.size(), shown);
     std::vector<T> head(static_cast<std::size_t>(n));
@@ -209,10 +301,27 @@ class Tensor {
     TG_CHECK(defined(), op, "the tensor is undefined (default-constructed); create it with tg::zeros, "
                             "tg::from_vector or an op");
   }
+  std::string batch_str() const {
+    return physical().shape().str() + " with " + std::to_string(std::popcount(batch_levels_)) + " batch axes in front";
+  }
+  void forbid_batched(const char* op) const {
+    TG_CHECK(batch_levels_ == 0, op, "cannot read the values of a tensor batched by tg::vmap (per-example shape ",
+             logical_.str(), ", stored as ", batch_str(), ") inside the vmapped function, as jax.vmap cannot; return it "
+             "from the function and read the result");
+  }
+  [[noreturn]] void batched_data_error() const {
+    throw Error(::tg::detail::concat("[vmap] an op without a batching rule was given a tensor batched by tg::vmap "
+                                     "(per-example shape ", logical_.str(), ", stored as ", batch_str(),
+                                     "); docs/vmap.md lists the ops that have one: write the function with those, or "
+                                     "call this op outside vmap"));
+  }
 
   std::shared_ptr<Storage<D>> storage_;
-  Shape shape_;
+  Shape shape_;  // the storage's shape: with the batch axes when batched
   detail::Trace trace_;
+  std::uint32_t batch_levels_ = 0;
+  bool shared_ = false;  // a broadcast view: the storage holds one example (logical_), shared by all
+  Shape logical_;  // one example's shape, when batched
 };
 
 /// An uninitialised tensor.

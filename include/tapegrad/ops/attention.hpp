@@ -566,8 +566,44 @@ bool attention_fused_is_faster(const AttentionDims& d) {
 
 template <FloatElement T, Device D>
 Tensor<T, D> attention_impl(const Tensor<T, D>& q, const Tensor<T, D>& k, const Tensor<T, D>& v, const Tensor<std::uint8_t, D>* mask,
+                            const AttentionOptions& o);
+
+/// The batching rule of the attention ops: every batch axis (and the op's own batch axis, if any) folds
+/// into one batch axis of a rank-4 problem; a mask is spread to each example's (B, N, T, S) first.
+template <FloatElement T, Device D, class F>
+Tensor<T, D> attention_batched(const Tensor<T, D>& q, const Tensor<T, D>& k, const Tensor<T, D>& v, const std::type_identity_t<Tensor<std::uint8_t, D>>* mask,
+                               const AttentionOptions& o, const char* op, F run) {
+  std::uint32_t lv = levels_of(q, k, v);
+  if (mask) lv |= mask->batch_levels();
+  (void)attention_dims(q, k, v, nullptr, o, op);  // the checks, per example
+  const Tensor<T, D> pq = materialize(q, lv).physical(), pk = materialize(k, lv).physical(), pv = materialize(v, lv).physical();
+  const int nb = batch_rank(lv), r = q.rank();
+  std::int64_t bt = 1;
+  for (int i = 0; i < nb + r - 3; ++i) bt *= pq.dim(i);
+  auto fold = [&](const Tensor<T, D>& x) { return x.reshape(Shape{bt, x.dim(-3), x.dim(-2), x.dim(-1)}); };
+  std::vector<std::int64_t> lead(pq.shape().dims().begin(), pq.shape().dims().begin() + nb + r - 3);
+  Tensor<T, D> y;
+  if (mask) {
+    const std::int64_t B = r == 4 ? q.dim(0) : 1;
+    TG_CHECK(mask->rank() <= 4, op, "the mask must broadcast to (batch, heads, length, key length), got ", mask->shape().str());
+    const Tensor<std::uint8_t, D> m = broadcast_to(aligned(materialize(*mask, lv), lv, 4), with_batch(lv, Shape{B, q.dim(-2), q.dim(-3), k.dim(-3)}, op));
+    const Tensor<std::uint8_t, D> fm = m.reshape(Shape{bt, q.dim(-2), q.dim(-3), k.dim(-3)});
+    y = run(fold(pq), fold(pk), fold(pv), &fm);
+  } else {
+    y = run(fold(pq), fold(pk), fold(pv), nullptr);
+  }
+  lead.insert(lead.end(), y.shape().dims().begin() + 1, y.shape().dims().end());
+  return as_batched(y.reshape(Shape(lead)), lv);
+}
+
+template <FloatElement T, Device D>
+Tensor<T, D> attention_impl(const Tensor<T, D>& q, const Tensor<T, D>& k, const Tensor<T, D>& v, const Tensor<std::uint8_t, D>* mask,
                             const AttentionOptions& o) {
   const char* op = "dot_product_attention";
+  if (batched(q, k, v) || (mask && batched(*mask)))  // batching rule
+    return attention_batched(q, k, v, mask, o, op, [&](const auto& fq, const auto& fk, const auto& fv, const Tensor<std::uint8_t, D>* fm) {
+      return attention_impl(fq, fk, fv, fm, o);
+    });
   const AttentionDims d = attention_dims(q, k, v, mask, o, op);
   TG_CHECK(d.H <= attention_max_head_dim || o.implementation != AttentionImplementation::fused, op, "head_dim ", d.H, " is above the fused kernels' ",
            attention_max_head_dim, "; use implementation = AttentionImplementation::composed (or automatic)");
@@ -603,6 +639,11 @@ Tensor<T, D> dot_product_attention(const Tensor<T, D>& query, const Tensor<T, D>
 /// does.
 template <FloatElement T, Device D>
 Tensor<T, D> dot_product_attention_weights(const Tensor<T, D>& query, const Tensor<T, D>& key, AttentionOptions options = {}) {
+  if (detail::batched(query, key))  // batching rule, as the attention's
+    return detail::attention_batched(query, key, key, nullptr, options, "dot_product_attention_weights",
+                                     [&](const auto& fq, const auto& fk, const auto&, const Tensor<std::uint8_t, D>*) {
+                                       return dot_product_attention_weights(fq, fk, options);
+                                     });
   const detail::AttentionDims d = detail::attention_dims(query, key, key, nullptr, options, "dot_product_attention_weights");
   Tensor<T, D> p(query.rank() == 4 ? Shape{d.B, d.N, d.T, d.S} : Shape{d.N, d.T, d.S});
   if (p.size() > 0)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -114,6 +115,22 @@ template <FloatElement T, Device D>
 Tensor<T, D> einsum(std::string_view spec, const Tensor<T, D>& a, const Tensor<T, D>& b) {
   detail::check_defined(a, "einsum");
   detail::check_defined(b, "einsum");
+  if (detail::batched(a, b)) {  // batching rule: an index of its own per batch axis, in the output too
+    const std::uint32_t lv = detail::levels_of(a, b);
+    const int nb = detail::batch_rank(lv);
+    std::string extra;
+    for (char c = 'A'; c <= 'z' && static_cast<int>(extra.size()) < nb; ++c)
+      if (std::isalpha(static_cast<unsigned char>(c)) && spec.find(c) == std::string_view::npos) extra.push_back(c);
+    TG_CHECK(static_cast<int>(extra.size()) == nb, "einsum", "'", spec, "' leaves no free letters to name vmap's ", nb, " batch axes");
+    const auto arrow = spec.find("->"), comma = spec.find(',');
+    TG_CHECK(arrow != std::string_view::npos && comma != std::string_view::npos && comma < arrow, "einsum", "'", spec,
+             "' must read \"ij,jk->ik\" (two operands and an output)");
+    const std::string ta(spec.substr(0, comma)), tb(spec.substr(comma + 1, arrow - comma - 1)), to(spec.substr(arrow + 2));
+    const std::string batched_spec = (detail::batched(a) ? extra : "") + ta + "," + (detail::batched(b) ? extra : "") + tb + "->" + extra + to;
+    const Tensor<T, D> pa = detail::batched(a) ? detail::materialize(a, lv).physical() : a;
+    const Tensor<T, D> pb = detail::batched(b) ? detail::materialize(b, lv).physical() : b;
+    return detail::as_batched(einsum(batched_spec, pa, pb), lv);
+  }
   detail::EinsumSpec s = detail::parse_einsum(spec, a.rank(), b.rank());
   // Indices of one operand that are nowhere else are summed first.
   const Tensor<T, D> x = detail::sum_unused(a, s.a, s.b + s.out), y = detail::sum_unused(b, s.b, s.a + s.out);

@@ -8,6 +8,7 @@
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/backend/eltwise.hpp"
+#include "tapegrad/core/batching.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/math/activation.hpp"
 #include "tapegrad/math/functors.hpp"
@@ -153,12 +154,12 @@ void unary_backward(std::int64_t n, const T* x, const T* y, const T* dy, T* dx, 
 
 }  // namespace detail
 
-/// y = op(x) elementwise, for an op functor of math/functors.hpp (or your own TG_HD functor). Out is the
-/// result element type: the input's by default (map<Op, double>(counts, op) gives doubles; only a
-/// same-type map is differentiable).
-template <class Op, class Out = void, Element T, Device D>
-auto map(const Tensor<T, D>& x, Op op = {}, const char* name = "map") {
-  detail::check_defined(x, name);
+namespace detail {
+/// map and map2 on unbatched tensors (their batching rules call these: a rule that called its own op
+/// again would read, to g++'s -Winfinite-recursion, as endless where a CUDA launch is a stub that throws).
+template <class Op, class Out, Element T, Device D>
+auto map_unbatched(const Tensor<T, D>& x, Op op, const char* name) -> Tensor<std::conditional_t<std::is_void_v<Out>, T, Out>, D> {
+  check_defined(x, name);
   if constexpr (!std::is_void_v<Out> && !std::is_same_v<Out, T>) {
     Tensor<Out, D> y(x.shape());
     detail::index_map<D>(y.size(), detail::UnaryFn<Op, T, Out>{x.data(), y.data(), op});
@@ -179,9 +180,9 @@ auto map(const Tensor<T, D>& x, Op op = {}, const char* name = "map") {
   }
 }
 
-/// y = op(a, b) with NumPy broadcasting; Out is the result element type (uint8 for comparisons).
-template <class Op, class Out = void, Element T, Device D>
-auto map2(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op = {}, const char* name = "map2") {
+template <class Op, class Out, Element T, Device D>
+auto map2_unbatched(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op, const char* name)
+    -> Tensor<std::conditional_t<std::is_void_v<Out>, T, Out>, D> {
   using R = std::conditional_t<std::is_void_v<Out>, T, Out>;
   detail::check_defined(a, name);
   detail::check_defined(b, name);
@@ -208,6 +209,28 @@ auto map2(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op = {}, const char* 
     }
   }
   return y;
+}
+}  // namespace detail
+
+/// y = op(x) elementwise, for an op functor of math/functors.hpp (or your own TG_HD functor). Out is the
+/// result element type: the input's by default (map<Op, double>(counts, op) gives doubles; only a
+/// same-type map is differentiable).
+template <class Op, class Out = void, Element T, Device D>
+auto map(const Tensor<T, D>& x, Op op = {}, const char* name = "map") -> Tensor<std::conditional_t<std::is_void_v<Out>, T, Out>, D> {
+  if (detail::batched(x)) return detail::as_batched(detail::map_unbatched<Op, Out>(x.physical(), op, name), x.batch_levels());  // batching rule
+  return detail::map_unbatched<Op, Out>(x, op, name);
+}
+
+/// y = op(a, b) with NumPy broadcasting; Out is the result element type (uint8 for comparisons).
+template <class Op, class Out = void, Element T, Device D>
+auto map2(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op = {}, const char* name = "map2")
+    -> Tensor<std::conditional_t<std::is_void_v<Out>, T, Out>, D> {
+  if (detail::batched(a, b)) {  // batching rule: each example's operands line up by broadcasting
+    const std::uint32_t lv = detail::levels_of(a, b);
+    const int r = std::max(a.rank(), b.rank());
+    return detail::as_batched(detail::map2_unbatched<Op, Out>(detail::aligned(a, lv, r), detail::aligned(b, lv, r), op, name), lv);
+  }
+  return detail::map2_unbatched<Op, Out>(a, b, op, name);
 }
 
 #define TG_UNARY_OP(name, Functor)                                                   \
@@ -307,6 +330,11 @@ TG_COMPARE_OP(not_equal, NotEqual)
 /// a where cond is non-zero, else b; all three broadcast together.
 template <Element T, Device D>
 Tensor<T, D> where(const Tensor<std::uint8_t, D>& cond, const Tensor<T, D>& a, const Tensor<T, D>& b) {
+  if (detail::batched(cond, a, b)) {  // batching rule: as map2's
+    const std::uint32_t lv = detail::levels_of(cond, a, b);
+    const int r = std::max({cond.rank(), a.rank(), b.rank()});
+    return detail::as_batched(where(detail::aligned(cond, lv, r), detail::aligned(a, lv, r), detail::aligned(b, lv, r)), lv);
+  }
   detail::check_defined(cond, "where");
   detail::check_defined(a, "where");
   detail::check_defined(b, "where");
@@ -330,6 +358,11 @@ Tensor<T, D> where(const Tensor<std::uint8_t, D>& cond, const Tensor<T, D>& a, c
 /// `x` expanded to `shape` by NumPy broadcasting (a copy); the cotangent sums back.
 template <Element T, Device D>
 Tensor<T, D> broadcast_to(const Tensor<T, D>& x, const Shape& shape) {
+  if (detail::batched(x)) {  // batching rule: each example to `shape`
+    const std::uint32_t lv = x.batch_levels();
+    TG_CHECK(x.rank() <= shape.rank(), "broadcast_to", "cannot broadcast ", x.shape().str(), " to ", shape.str());
+    return detail::as_batched(broadcast_to(detail::aligned(x, lv, shape.rank()), detail::with_batch(lv, shape, "broadcast_to")), lv);
+  }
   detail::check_defined(x, "broadcast_to");
   const Shape out = detail::broadcast_shapes(x.shape(), shape, "broadcast_to");
   TG_CHECK(out == shape, "broadcast_to", "cannot broadcast ", x.shape().str(), " to ", shape.str());
@@ -352,6 +385,8 @@ template <Element U, Element T, Device D>
 Tensor<U, D> cast(const Tensor<T, D>& x) {
   if constexpr (std::is_same_v<U, T>) {
     return x;
+  } else if (detail::batched(x)) {  // batching rule: elementwise
+    return detail::as_batched(cast<U>(x.physical()), x.batch_levels());
   } else {
     detail::check_defined(x, "cast");
     Tensor<U, D> y(x.shape());
@@ -367,6 +402,18 @@ Tensor<U, D> cast(const Tensor<T, D>& x) {
     return y;
   }
 }
+
+namespace detail {
+/// x batched at `levels` (a superset of its own), its examples copied along the levels it lacks: for the
+/// batching rules of ops whose operands must all carry every batch axis (concatenate, the loss's labels).
+template <Element T, Device D>
+Tensor<T, D> materialize(const Tensor<T, D>& x, std::uint32_t levels) {
+  if (x.batch_levels() == levels) return x;
+  const Shape full = with_batch(levels, x.shape(), "vmap");
+  const Tensor<T, D> a = aligned(x, levels, x.rank());
+  return as_batched(a.shape() == full ? a : broadcast_to(a, full), levels);
+}
+}  // namespace detail
 
 TG_END_NAMESPACE
 

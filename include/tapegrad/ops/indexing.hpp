@@ -268,6 +268,13 @@ template <Element T, Device D>
 Tensor<T, D> transpose(const Tensor<T, D>& x, std::span<const int> perm) {
   detail::check_defined(x, "transpose");
   const std::vector<int> p = detail::normalize_perm(x.shape(), perm, "transpose");
+  if (detail::batched(x)) {  // batching rule: the batch axes stay in front
+    const int nb = detail::batch_rank(x.batch_levels());
+    std::vector<int> q(static_cast<std::size_t>(nb));
+    for (int d = 0; d < nb; ++d) q[static_cast<std::size_t>(d)] = d;
+    for (int d : p) q.push_back(d + nb);
+    return detail::as_batched(transpose(x.physical(), std::span<const int>(q)), x.batch_levels());
+  }
   const auto in_strides = detail::strides_of(x.shape());
   std::vector<std::int64_t> out_dims(p.size());
   detail::PermuteFn<T> f{};
@@ -331,6 +338,8 @@ namespace detail {
 
 template <Element T, Device D>
 Tensor<T, D> slice_impl(const Tensor<T, D>& x, std::int64_t start, std::int64_t len, std::int64_t step, int axis) {
+  if (batched(x))  // batching rule: the axis past the batch axes
+    return as_batched(slice_impl(x.physical(), start, len, step, axis + batch_rank(x.batch_levels())), x.batch_levels());
   const AxisView v = axis_view(x.shape(), axis);
   std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end());
   dims[static_cast<std::size_t>(axis)] = len;
@@ -378,6 +387,70 @@ Tensor<T, D> index_in_dim(const Tensor<T, D>& x, std::int64_t index, int axis = 
   return detail::slice_impl(x, index < 0 ? index + n : index, 1, 1, a).reshape(Shape(dims));
 }
 
+template <FloatElement T, Device D>
+Tensor<T, D> take(const Tensor<T, D>& x, const Tensor<std::int32_t, D>& indices, int axis);
+
+namespace detail {
+/// take's batching rule. A batched x with shared indices takes along its axis past the batch axes; shared
+/// x with batched indices takes once and moves the batch axes to the front; both batched fold the batch
+/// into the taken axis (each example's indices offset to its own rows of x) and take once.
+template <FloatElement T, Device D>
+Tensor<T, D> take_batched(const Tensor<T, D>& x, const Tensor<std::int32_t, D>& indices, int a) {
+  const std::uint32_t lv = levels_of(x, indices);
+  const int nb = batch_rank(lv), ri = indices.rank(), rx = x.rank();
+  if (!batched(indices)) return as_batched(take(x.physical(), indices, a + nb), lv);
+  // The per-example result: x's axes before a, the indices' axes, x's axes after a.
+  auto to_front = [&](const Tensor<T, D>& r, int batch_at) {  // r's nb batch axes, at batch_at, to the front
+    if (batch_at == 0) return as_batched(r, lv);
+    std::vector<int> q;
+    for (int d = 0; d < nb; ++d) q.push_back(batch_at + d);
+    for (int d = 0; d < r.rank(); ++d)
+      if (d < batch_at || d >= batch_at + nb) q.push_back(d);
+    return as_batched(transpose(r, std::span<const int>(q)), lv);
+  };
+  if (!batched(x)) return to_front(take(x, indices.physical(), a), a);
+  const Tensor<T, D> xp = materialize(x, lv).physical();
+  const Tensor<std::int32_t, D> ip = materialize(indices, lv).physical();
+  std::int64_t bt = 1;
+  for (int d = 0; d < nb; ++d) bt *= xp.dim(d);
+  const std::int64_t n = x.dim(a);
+  TG_CHECK(bt * n < (std::int64_t{1} << 30), "take", "a batch of ", bt, " examples of axes of ", n, " elements is too large to index");
+  // x as (bt * n, x's other axes): each example's axis a first, its other axes after.
+  std::vector<std::int64_t> bx{bt};
+  bx.insert(bx.end(), x.shape().dims().begin(), x.shape().dims().end());
+  std::vector<int> q{0, a + 1};
+  std::vector<std::int64_t> rows{bt * n};
+  for (int d = 0; d < rx; ++d)
+    if (d != a) q.push_back(d + 1), rows.push_back(x.dim(d));
+  const Tensor<T, D> xf = transpose(xp.reshape(Shape(bx)), std::span<const int>(q));
+  // Indices in range move to their example's rows; negative ones count from the end first; out of range
+  // ones stay out of range (NaN, as take's fill mode).
+  const auto in = ip.reshape(Shape{bt, ip.size() / bt});
+  const auto nn = full<std::int32_t, D>(Shape{}, static_cast<std::int32_t>(n));
+  const auto wrapped = where(less(in, zeros<std::int32_t, D>(Shape{})), add(in, nn), in);
+  const auto valid = mul(cast<std::int32_t>(greater_equal(wrapped, zeros<std::int32_t, D>(Shape{}))), cast<std::int32_t>(less(wrapped, nn)));
+  const auto offset = mul(arange<std::int32_t, D>(bt).reshape(Shape{bt, 1}), nn);
+  const auto out_of_range = full<std::int32_t, D>(Shape{}, static_cast<std::int32_t>(bt * n));
+  const auto idx = where(cast<std::uint8_t>(valid), add(wrapped, offset), out_of_range);
+  Tensor<T, D> r = take(xf.reshape(Shape(rows)), idx, 0);  // (bt, m, x's other axes)
+  // To (batch..., x's axes before a, the indices' per-example axes, x's axes after a).
+  std::vector<std::int64_t> bm{bt, ip.size() / bt};
+  for (int d = 0; d < rx; ++d)
+    if (d != a) bm.push_back(x.dim(d));
+  r = r.reshape(Shape(bm));
+  std::vector<int> back{0};
+  for (int d = 0; d < a; ++d) back.push_back(2 + d);
+  back.push_back(1);
+  for (int d = a + 1; d < rx; ++d) back.push_back(1 + d);
+  r = transpose(r, std::span<const int>(back));
+  std::vector<std::int64_t> out(xp.shape().dims().begin(), xp.shape().dims().begin() + nb);
+  for (int d = 0; d < a; ++d) out.push_back(x.dim(d));
+  for (int d = 0; d < ri; ++d) out.push_back(indices.dim(d));
+  for (int d = a + 1; d < rx; ++d) out.push_back(x.dim(d));
+  return as_batched(r.reshape(Shape(out)), lv);
+}
+}  // namespace detail
+
 /// x at `indices` (int32, any shape) along `axis`, as jnp.take(x, indices, axis): the result's shape is
 /// x's with that axis replaced by the indices' shape. Negative indices count from the end; an index out
 /// of range gives NaN (jnp.take's default mode "fill"). Repeated indices add their cotangents.
@@ -386,6 +459,7 @@ Tensor<T, D> take(const Tensor<T, D>& x, const Tensor<std::int32_t, D>& indices,
   detail::check_defined(x, "take");
   detail::check_defined(indices, "take");
   const int a = x.shape().normalize_axis(axis, "take");
+  if (detail::batched(x, indices)) return detail::take_batched(x, indices, a);
   const detail::AxisView v = detail::axis_view(x.shape(), a);
   std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().begin() + a);
   dims.insert(dims.end(), indices.shape().dims().begin(), indices.shape().dims().end());
@@ -417,6 +491,18 @@ template <Element T, Device D>
 Tensor<T, D> concatenate(std::span<const Tensor<T, D>> xs, int axis = 0) {
   TG_CHECK(!xs.empty(), "concatenate", "needs at least one tensor");
   for (const auto& x : xs) detail::check_defined(x, "concatenate");
+  std::uint32_t lv = 0;
+  for (const auto& x : xs) lv |= x.batch_levels();
+  if (lv) {  // batching rule: every operand carries every batch axis; the axis moves past them
+    const int a = xs[0].shape().normalize_axis(axis, "concatenate");
+    std::vector<Tensor<T, D>> ps;
+    for (const auto& x : xs) {
+      TG_CHECK(x.rank() == xs[0].rank(), "concatenate", "tensors of shapes ", xs[0].shape().str(), " and ", x.shape().str(),
+               " have different ranks");
+      ps.push_back(detail::materialize(x, lv).physical());
+    }
+    return detail::as_batched(concatenate(std::span<const Tensor<T, D>>(ps), a + detail::batch_rank(lv)), lv);
+  }
   const Shape& first = xs[0].shape();
   const int a = first.normalize_axis(axis, "concatenate");
   std::int64_t total = 0;

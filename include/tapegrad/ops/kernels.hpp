@@ -119,6 +119,10 @@ struct SumReducer {
 struct MeanReducer : SumReducer {
   template <class C> TG_HD C finish(C acc, std::int64_t n) const { return acc / C(n); }
 };
+/// The sum of squares (tg::global_norm's batching rule).
+struct SumSquaresReducer : SumReducer {
+  template <class C> TG_HD C step(C acc, C x) const { return acc + x * x; }
+};
 struct MaxReducer {
   template <class C> TG_HD C init() const { return lowest<C>(); }
   template <class C> TG_HD C step(C acc, C x) const { return (x > acc || math::isnan(x)) && !math::isnan(acc) ? x : acc; }

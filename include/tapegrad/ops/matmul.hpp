@@ -174,6 +174,41 @@ Tensor<T, D> matmul_nd(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bo
   return bmm(af.reshape(Shape{nb, af.dim(-2), af.dim(-1)}), bf.reshape(Shape{nb, bf.dim(-2), bf.dim(-1)}), ta, tb).reshape(out);
 }
 
+/// The batching rule of x @ w [+ b] [then act] for examples of x (batched) that share w and b as broadcast
+/// views (value_and_grad inside tg::vmap: the per-example gradients of shared parameters), as JAX's
+/// batched backward pass computes it: the forward is one GEMM of every example's rows with the one copy
+/// of w; the backward gives x's cotangent by one GEMM too and w's per example (x_b^T dz_b, a batched
+/// GEMM), so no example's copy of w is ever made.
+template <FloatElement T, Device D>
+Tensor<T, D> linear_shared_weights(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>* b, Activation act, const char* op) {
+  const std::uint32_t lv = x.batch_levels();
+  const Tensor<T, D> px = x.physical(), w1 = w.shared_example();
+  const Tensor<T, D> b1 = b ? b->shared_example() : Tensor<T, D>{};
+  const std::int64_t in = w1.dim(0), out = w1.dim(1), rows = in ? x.size() / in : 0;
+  std::int64_t examples = 1;
+  for (int d = 0; d < batch_rank(lv); ++d) examples *= px.dim(d);
+  std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
+  dims.push_back(out);
+  const Shape y_shape = with_batch(lv, Shape(dims), op);
+  const Tensor<T, D> x2 = px.untraced().reshape(Shape{examples * rows, in});
+  const bool traced = b ? recording(px, w, *b) : recording(px, w);
+  Tensor<T, D> z;
+  Tensor<T, D> y = gemm(x2, w1, false, false, b ? &b1 : nullptr, act, traced ? &z : nullptr, op).reshape(y_shape);
+  if (traced) {
+    const Trace tb = b ? b->trace() : Trace{};
+    record(y, {px.trace(), w.trace(), tb}, [tx = px.trace(), tw = w.trace(), tb, x2, w1, z, act, rows, examples, in, out, xs = px.shape(),
+                                            ws = w.physical_shape(), bs = b ? b->physical_shape() : Shape{}](Tape& t, const Tensor<T, D>& dy) {
+      const Tensor<T, D> d2 = dy.reshape(Shape{examples * rows, out});
+      const Tensor<T, D> dz = z.defined() && act != Activation::none ? activation_backward(d2, z, act) : d2;
+      if (t.owns(tx)) t.accumulate(tx, matmul(dz, w1, false, true).reshape(xs));
+      const Tensor<T, D> dz3 = dz.reshape(Shape{examples, rows, out});
+      if (t.owns(tw)) t.accumulate(tw, bmm(x2.reshape(Shape{examples, rows, in}), dz3, true, false).reshape(ws));
+      if (t.owns(tb)) t.accumulate(tb, (rows == 1 ? dz : sum(dz3, 1)).reshape(bs));
+    });
+  }
+  return as_batched(y, lv);
+}
+
 }  // namespace detail
 
 /// op(a) @ op(b), as jnp.matmul: for 2-d a (m, k) [stored (k, m) when transpose_a] and b (k, n) [stored
@@ -182,6 +217,17 @@ Tensor<T, D> matmul_nd(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bo
 /// once.
 template <FloatElement T, Device D>
 Tensor<T, D> matmul(const Tensor<T, D>& a, const Tensor<T, D>& b, bool transpose_a = false, bool transpose_b = false) {
+  if (detail::batched(a, b)) {  // batching rule: the batch axes lead the matrices' and broadcast as theirs do
+    detail::check_defined(a, "matmul"), detail::check_defined(b, "matmul");
+    TG_CHECK(a.rank() >= 2 && b.rank() >= 2, "matmul", "needs operands of rank >= 2, got ", a.shape().str(), " @ ", b.shape().str(),
+             " (per example, inside tg::vmap); reshape a vector to (1, k) or (k, 1)");
+    const std::uint32_t lv = detail::levels_of(a, b);
+    const int r = std::max(a.rank(), b.rank());
+    if (b.is_broadcast_view() && b.rank() == 2 && !transpose_a && !transpose_b && !a.is_broadcast_view() && a.batch_levels() == lv)
+      return detail::linear_shared_weights(a, b, static_cast<const Tensor<T, D>*>(nullptr), Activation::none, "matmul");
+    // An unbatched b of rank 2 stays as it is: the examples fold into the rows of one GEMM.
+    return detail::as_batched(detail::matmul_nd(detail::aligned(a, lv, r), detail::aligned(b, lv, r), transpose_a, transpose_b), lv);
+  }
   if (a.rank() != 2 || b.rank() != 2) return detail::matmul_nd(a, b, transpose_a, transpose_b);
   Tensor<T, D> c = detail::gemm(a.untraced(), b.untraced(), transpose_a, transpose_b, nullptr, Activation::none, nullptr, "matmul");
   if (detail::recording(a, b)) {
@@ -215,6 +261,24 @@ std::pair<Tensor<T, D>, Tensor<T, D>> linear_with_pre_activation(const Tensor<T,
 /// to fuse with that layer's act' (DGELU_BGRAD).
 template <FloatElement T, Device D>
 Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>& b, Activation act = Activation::none) {
+  if (detail::batched(x, w, b)) {  // batching rule
+    detail::check_defined(x, "linear"), detail::check_defined(w, "linear"), detail::check_defined(b, "linear");
+    TG_CHECK(x.rank() >= 1 && w.rank() == 2 && b.rank() == 1 && x.dim(-1) == w.dim(0) && b.dim(0) == w.dim(1), "linear",
+             "needs x (..., in), w (in, out), b (out,), got ", x.shape().str(), ", ", w.shape().str(), " and ", b.shape().str(),
+             " (per example, inside tg::vmap)");
+    std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
+    dims.push_back(w.dim(1));
+    if (w.is_broadcast_view() && b.is_broadcast_view() && !x.is_broadcast_view() && x.batch_levels() == w.batch_levels())
+      return detail::linear_shared_weights(x, w, &b, act, "linear");  // per-example gradients of shared parameters
+    if (!detail::batched(w, b)) {  // shared weights: every example's rows in one fused layer
+      const Tensor<T, D> p = x.physical();
+      return detail::as_batched(linear(p.reshape({-1, x.dim(-1)}), w, b, act).reshape(detail::with_batch(x.batch_levels(), Shape(dims), "linear")),
+                                x.batch_levels());
+    }
+    // Weights of their own per example (an ensemble, or per-example gradients): a batched GEMM.
+    const Tensor<T, D> x2 = x.rank() == 1 ? x.reshape({1, x.dim(0)}) : x;
+    return detail::activate(add(matmul(x2, w), b), act).reshape(Shape(dims));
+  }
   const bool traced = detail::recording(x, w, b);
   const Tensor<T, D> bu = b.untraced();
   Tensor<T, D> z;  // the pre-activation, which the backward pass needs

@@ -102,6 +102,11 @@ template <FloatElement T, Device D>
 Tensor<T, D> softmax_cross_entropy_with_integer_labels(const Tensor<T, D>& logits, const Tensor<std::int32_t, D>& labels) {
   const char* op = "softmax_cross_entropy_with_integer_labels";
   detail::check_logits_labels(logits, labels, op);
+  if (detail::batched(logits, labels)) {  // batching rule: rows, each example's logits with its own labels
+    const std::uint32_t lv = detail::levels_of(logits, labels);
+    return detail::as_batched(softmax_cross_entropy_with_integer_labels(detail::materialize(logits, lv).physical(),
+                                                                        detail::materialize(labels, lv).physical()), lv);
+  }
   const std::int64_t n = logits.dim(-1);
   detail::check_labels(labels, n, op);
   Tensor<T, D> loss(labels.shape());
@@ -123,9 +128,13 @@ Tensor<compute_t<T>, D> accuracy(const Tensor<T, D>& logits, const Tensor<std::i
   detail::check_logits_labels(logits, labels, "accuracy");
   TG_CHECK(labels.size() > 0, "accuracy", "needs at least one example");
   const std::int64_t n = logits.dim(-1);
-  Tensor<compute_t<T>, D> correct(labels.shape());
-  detail::index_map<D>(labels.size(), detail::CorrectFn<T>{logits.data(), labels.data(), correct.data(), n});
-  return mean(correct);
+  // Batching rule: the rows of every example at once, then each example's mean.
+  const std::uint32_t lv = detail::levels_of(logits, labels);
+  const Tensor<T, D> pl = detail::materialize(logits, lv).physical();
+  const Tensor<std::int32_t, D> py = detail::materialize(labels, lv).physical();
+  Tensor<compute_t<T>, D> correct(py.shape());
+  detail::index_map<D>(py.size(), detail::CorrectFn<T>{pl.data(), py.data(), correct.data(), n});
+  return mean(detail::as_batched(correct, lv));
 }
 
 /// one_hot(labels, n): (..., n) with 1 at each label; a label outside [0, n) gives a row of zeros, as
@@ -133,6 +142,7 @@ Tensor<compute_t<T>, D> accuracy(const Tensor<T, D>& logits, const Tensor<std::i
 template <FloatElement T = float, Device D>
 Tensor<T, D> one_hot(const Tensor<std::int32_t, D>& labels, std::int64_t num_classes) {
   detail::check_defined(labels, "one_hot");
+  if (detail::batched(labels)) return detail::as_batched(one_hot<T>(labels.physical(), num_classes), labels.batch_levels());  // batching rule
   TG_CHECK(num_classes > 0, "one_hot", "num_classes must be > 0, got ", num_classes);
   std::vector<std::int64_t> dims(labels.shape().dims().begin(), labels.shape().dims().end());
   dims.push_back(num_classes);
@@ -227,27 +237,50 @@ struct DropoutFn {
   random::Key key;
   const std::uint32_t* key_data;  ///< the key's two words on the device, or null for `key`
   float keep_prob;
-  TG_HD void operator()(std::int64_t i) const {
+  TG_HD void operator()(std::int64_t i) const { apply(i, key_data != nullptr ? random::Key{key_data[0], key_data[1]} : key, i); }
+  /// y[i] from element n of the mask drawn from k.
+  TG_HD void apply(std::int64_t i, random::Key k, std::int64_t n) const {
     using C = compute_t<T>;
-    const random::Key k = key_data != nullptr ? random::Key{key_data[0], key_data[1]} : key;
-    const bool kept = random::detail::unit_float(random::detail::bits32(k, static_cast<std::uint64_t>(i))) < keep_prob;
+    const bool kept = random::detail::unit_float(random::detail::bits32(k, static_cast<std::uint64_t>(n))) < keep_prob;
     y[i] = kept ? convert_to<T>(convert_from<C>(x[i]) / static_cast<C>(keep_prob)) : convert_to<T>(0.0f);
   }
 };
 
+/// DropoutFn under tg::vmap: each example of per_example elements draws its mask from index 0, from its
+/// own key (key_per_example: key_data holds one per example) or from the one key.
+template <class T>
+struct DropoutPerExampleFn {
+  DropoutFn<T> f;
+  std::int64_t per_example;
+  bool key_per_example;
+  TG_HD void operator()(std::int64_t i) const {
+    const std::int64_t e = key_per_example ? i / per_example : 0;
+    f.apply(i, f.key_data != nullptr ? random::Key{f.key_data[2 * e], f.key_data[2 * e + 1]} : f.key, i % per_example);
+  }
+};
+
+/// y = dropout(x) with DropoutFn, per example when per_example > 0.
+template <class T, class D>
+void dropout_kernel(std::int64_t n, const DropoutFn<T>& f, std::int64_t per_example, bool key_per_example) {
+  if (per_example > 0) index_map<D>(n, DropoutPerExampleFn<T>{f, per_example, key_per_example});
+  else index_map<D>(n, f);
+}
+
 template <FloatElement T, Device D>
-Tensor<T, D> dropout_impl(random::Key key, const Tensor<std::uint32_t, D>* key_data, const Tensor<T, D>& x, double rate) {
+Tensor<T, D> dropout_impl(random::Key key, const Tensor<std::uint32_t, D>* key_data, const Tensor<T, D>& x, double rate,
+                          std::int64_t per_example = 0, bool key_per_example = false) {
   Tensor<T, D> y(x.shape());
   const auto keep = static_cast<float>(1.0 - rate);
   const std::uint32_t* kd = key_data ? key_data->data() : nullptr;
-  if (y.size() > 0) index_map<D>(y.size(), DropoutFn<T>{x.data(), y.data(), key, kd, keep});
+  if (y.size() > 0) dropout_kernel<T, D>(y.size(), DropoutFn<T>{x.data(), y.data(), key, kd, keep}, per_example, key_per_example);
   if (recording(x)) {
     // Linear in x: the cotangent goes through the same mask, drawn again from the key.
     Tensor<std::uint32_t, D> kept_key = key_data ? *key_data : Tensor<std::uint32_t, D>{};
-    record(y, {x.trace()}, [in = x.trace(), key, kept_key, keep](Tape& t, const Tensor<T, D>& dy) {
+    record(y, {x.trace()}, [in = x.trace(), key, kept_key, keep, per_example, key_per_example](Tape& t, const Tensor<T, D>& dy) {
       Tensor<T, D> dx(dy.shape());
       if (dx.size() > 0)
-        index_map<D>(dx.size(), DropoutFn<T>{dy.data(), dx.data(), key, kept_key.defined() ? kept_key.data() : nullptr, keep});
+        dropout_kernel<T, D>(dx.size(), DropoutFn<T>{dy.data(), dx.data(), key, kept_key.defined() ? kept_key.data() : nullptr, keep},
+                             per_example, key_per_example);
       t.accumulate(in, dx);
     });
   }
@@ -274,6 +307,12 @@ Tensor<T, D> layer_norm(const Tensor<T, D>& x, const Tensor<T, D>& scale, const 
   TG_CHECK(scale.shape() == Shape{n} && bias.shape() == Shape{n}, op, "scale and bias must have shape (", n, ",) for x of shape ",
            x.shape().str(), ", got ", scale.shape().str(), " and ", bias.shape().str());
   TG_CHECK(eps > 0.0, op, "eps must be > 0, got ", eps);
+  if (detail::batched(x, scale, bias)) {  // batching rule: rows; per-example scale and bias apply after
+    const Tensor<T, D> px = detail::materialize(x, detail::levels_of(x)).physical();
+    if (!detail::batched(scale, bias)) return detail::as_batched(layer_norm(px, scale, bias, eps), x.batch_levels());
+    const Tensor<T, D> normed = detail::as_batched(layer_norm(px, ones<T, D>(Shape{n}), zeros<T, D>(Shape{n}), eps), x.batch_levels());
+    return add(mul(normed, scale), bias);
+  }
   const std::int64_t rows = n ? x.size() / n : 0;
   Tensor<T, D> y(x.shape());
   Tensor<C, D> mean(Shape{rows}), rstd(Shape{rows});
@@ -307,6 +346,8 @@ Tensor<T, D> dropout(random::Key key, const Tensor<T, D>& x, double rate, bool d
   detail::check_rate(rate);
   if (deterministic || rate == 0.0) return x;
   detail::forbid_in_compiled_step("dropout", "a mask drawn from a host key (pass tg::random::key_data(key) as a step input instead)");
+  if (detail::batched(x))  // batching rule: one key, so every example draws the same mask (as under jax.vmap)
+    return detail::as_batched(detail::dropout_impl<T, D>(key, nullptr, x.physical(), rate, x.size()), x.batch_levels());
   return detail::dropout_impl<T, D>(key, nullptr, x, rate);
 }
 
@@ -319,6 +360,11 @@ Tensor<T, D> dropout(const Tensor<std::uint32_t, D>& key, const Tensor<T, D>& x,
   detail::check_rate(rate);
   TG_CHECK(key.shape() == Shape{2}, "dropout", "a key tensor must have shape (2,) (jax.random.key_data), got ", key.shape().str());
   if (deterministic || rate == 0.0) return x;
+  if (detail::batched(key, x)) {  // batching rule: a batch of keys draws a mask per example; one key, the same for all
+    const std::uint32_t lv = detail::levels_of(key, x);
+    const Tensor<std::uint32_t, D> kp = detail::batched(key) ? detail::materialize(key, lv).physical() : key;
+    return detail::as_batched(detail::dropout_impl<T, D>(random::Key{}, &kp, detail::materialize(x, lv).physical(), rate, x.size(), detail::batched(key)), lv);
+  }
   return detail::dropout_impl<T, D>(random::Key{}, &key, x, rate);
 }
 

@@ -151,6 +151,39 @@ Tensor<compute_t<T>, D> reduce_all_partials(const Tensor<T, D>& x, const char* o
   return partial;
 }
 
+/// Row r of x: chunk j % chunks of row j / chunks reduced with R, as reduce_all_partials reduces a chunk.
+template <class R, class TIn, class TOut>
+struct RowChunkFn {
+  const TIn* x;
+  TOut* y;
+  std::int64_t n, chunks, chunk;
+  R r;
+  TG_HD void operator()(std::int64_t i) const {
+    using C = compute_t<TIn>;
+    const std::int64_t row = i / chunks, begin = (i % chunks) * chunk;
+    const std::int64_t len = n - begin < chunk ? n - begin : chunk;
+    const TIn* base = x + row * n + begin;
+    C acc = r.template init<C>();
+    for (std::int64_t k = 0; k < len; ++k) acc = r.step(acc, convert_from<C>(base[k]));
+    y[i] = convert_to<TOut>(r.finish(acc, len));
+  }
+};
+
+/// Each row of a (rows, n) tensor reduced with R into (rows,) of the compute type, in the order
+/// reduce_all reduces a tensor of n elements: the whole-tensor reductions' batching rule, so that a
+/// batched sum equals the per-example sums bit for bit. The chunks' results are combined with Rest (the
+/// sum, for a sum of squares).
+template <class R, class Rest = R, Element T, Device D>
+Tensor<compute_t<T>, D> reduce_rows_as_all(const Tensor<T, D>& x, const char* op) {
+  using C = compute_t<T>;
+  const std::int64_t rows = x.dim(0), n = x.dim(1);
+  if (n <= reduce_chunk) return reduce_axis<R, C>(x, 1, false, op);
+  const std::int64_t chunks = (n + reduce_chunk - 1) / reduce_chunk;
+  Tensor<C, D> partial(Shape{rows, chunks});
+  index_map<D>(rows * chunks, RowChunkFn<R, T, C>{x.data(), partial.data(), n, chunks, reduce_chunk, R{}}, reduce_chunk);
+  return reduce_rows_as_all<Rest>(partial, op);
+}
+
 /// Every element reduced with R into a (1,) tensor of the compute type: reduce_all_partials until one is left.
 template <class R, Element T, Device D>
 Tensor<compute_t<T>, D> reduce_all(const Tensor<T, D>& x, const char* op) {
@@ -170,6 +203,8 @@ Tensor<T, D> expand_reduced(const Tensor<T, D>& dy, const Shape& input, int axis
 /// Sum along `axis` (negative counts from the end); keepdims keeps it as size 1.
 template <Element T, Device D>
 Tensor<T, D> sum(const Tensor<T, D>& x, int axis, bool keepdims = false) {
+  if (detail::batched(x))  // batching rule: the axis past the batch axes
+    return detail::as_batched(sum(x.physical(), detail::physical_axis(x.batch_levels(), x.shape(), axis, "sum"), keepdims), x.batch_levels());
   Tensor<T, D> y = detail::reduce_axis<detail::SumReducer, T>(x, axis, keepdims, "sum");
   if constexpr (FloatElement<T>) {
     if (detail::recording(x)) {
@@ -185,6 +220,8 @@ Tensor<T, D> sum(const Tensor<T, D>& x, int axis, bool keepdims = false) {
 /// Mean along `axis`.
 template <FloatElement T, Device D>
 Tensor<T, D> mean(const Tensor<T, D>& x, int axis, bool keepdims = false) {
+  if (detail::batched(x))  // batching rule: the axis past the batch axes
+    return detail::as_batched(mean(x.physical(), detail::physical_axis(x.batch_levels(), x.shape(), axis, "mean"), keepdims), x.batch_levels());
   Tensor<T, D> y = detail::reduce_axis<detail::MeanReducer, T>(x, axis, keepdims, "mean");
   if (detail::recording(x)) {
     const int a = x.shape().normalize_axis(axis, "mean");
@@ -208,6 +245,8 @@ Tensor<T, D> max_backward(const Tensor<T, D>& x, const Tensor<T, D>& y_expanded,
 /// Maximum along `axis` (NaN propagates).
 template <Element T, Device D>
 Tensor<T, D> max(const Tensor<T, D>& x, int axis, bool keepdims = false) {
+  if (detail::batched(x))  // batching rule: the axis past the batch axes
+    return detail::as_batched(max(x.physical(), detail::physical_axis(x.batch_levels(), x.shape(), axis, "max"), keepdims), x.batch_levels());
   TG_CHECK(x.dim(axis) > 0, "max", "cannot take the maximum over an empty axis of shape ", x.shape().str());
   Tensor<T, D> y = detail::reduce_axis<detail::MaxReducer, T>(x, axis, keepdims, "max");
   if constexpr (FloatElement<T>) {
@@ -226,6 +265,8 @@ Tensor<T, D> max(const Tensor<T, D>& x, int axis, bool keepdims = false) {
 /// Index (int32) of the first maximum along `axis`.
 template <Element T, Device D>
 Tensor<std::int32_t, D> argmax(const Tensor<T, D>& x, int axis, bool keepdims = false) {
+  if (detail::batched(x))  // batching rule: the axis past the batch axes
+    return detail::as_batched(argmax(x.physical(), detail::physical_axis(x.batch_levels(), x.shape(), axis, "argmax"), keepdims), x.batch_levels());
   detail::check_defined(x, "argmax");
   const int a = x.shape().normalize_axis(axis, "argmax");
   TG_CHECK(x.shape()[a] > 0, "argmax", "cannot take argmax over an empty axis of shape ", x.shape().str());
@@ -238,6 +279,8 @@ Tensor<std::int32_t, D> argmax(const Tensor<T, D>& x, int axis, bool keepdims = 
 /// log(sum(exp(x))) along `axis`, numerically stable.
 template <FloatElement T, Device D>
 Tensor<T, D> logsumexp(const Tensor<T, D>& x, int axis, bool keepdims = false) {
+  if (detail::batched(x))  // batching rule: the axis past the batch axes
+    return detail::as_batched(logsumexp(x.physical(), detail::physical_axis(x.batch_levels(), x.shape(), axis, "logsumexp"), keepdims), x.batch_levels());
   detail::check_defined(x, "logsumexp");
   const int a = x.shape().normalize_axis(axis, "logsumexp");
   const detail::AxisView v = detail::axis_view(x.shape(), a);
@@ -253,9 +296,37 @@ Tensor<T, D> logsumexp(const Tensor<T, D>& x, int axis, bool keepdims = false) {
   return y;
 }
 
+namespace detail {
+/// The batching rule of sum(x) and mean(x): each example's elements reduced as reduce_all reduces them
+/// (so the results equal the per-example ones bit for bit), times `scale`; the cotangent spreads back.
+template <Element T, Device D>
+Tensor<T, D> batched_sum_all(const Tensor<T, D>& x, double scale, const char* op) {
+  const std::uint32_t lv = x.batch_levels();
+  const Tensor<T, D> p = x.physical();
+  const std::vector<std::int64_t> bd = batch_dims(lv);
+  std::int64_t rows = 1;
+  for (std::int64_t b : bd) rows *= b;
+  const std::int64_t n = x.size();
+  const auto total = reduce_rows_as_all<SumReducer>(p.untraced().reshape(Shape{rows, n}), op);
+  Tensor<T, D> y = cast<T>(scale == 1.0 ? total : mul(total, scale)).reshape(Shape(bd));
+  if constexpr (FloatElement<T>) {
+    if (recording(p)) {
+      record(y, {p.trace()}, [in = p.trace(), s = p.shape(), nb = batch_rank(lv), scale](Tape& t, const Tensor<T, D>& dy) {
+        std::vector<std::int64_t> d(s.dims().begin(), s.dims().begin() + nb);
+        d.resize(static_cast<std::size_t>(s.rank()), 1);
+        const Tensor<T, D> g = broadcast_to(dy.reshape(Shape(d)), s);
+        t.accumulate(in, scale == 1.0 ? g : mul(g, scale));
+      });
+    }
+  }
+  return as_batched(y, lv);
+}
+}  // namespace detail
+
 /// Sum of all elements, as a 0-d tensor (accumulated in the compute type, in a fixed order).
 template <Element T, Device D>
 Tensor<T, D> sum(const Tensor<T, D>& x) {
+  if (detail::batched(x)) return detail::batched_sum_all(x, 1.0, "sum");  // batching rule
   Tensor<T, D> y = cast<T>(detail::reduce_all<detail::SumReducer>(x, "sum").reshape(Shape{}));
   if constexpr (FloatElement<T>) {
     if (detail::recording(x)) {
@@ -270,6 +341,10 @@ Tensor<T, D> sum(const Tensor<T, D>& x) {
 /// Mean of all elements, as a 0-d tensor.
 template <FloatElement T, Device D>
 Tensor<T, D> mean(const Tensor<T, D>& x) {
+  if (detail::batched(x)) {  // batching rule
+    TG_CHECK(x.size() > 0, "mean", "the mean of an empty tensor is undefined (shape ", x.shape().str(), ")");
+    return detail::batched_sum_all(x, 1.0 / static_cast<double>(x.size()), "mean");
+  }
   TG_CHECK(x.size() > 0, "mean", "the mean of an empty tensor is undefined (shape ", x.shape().str(), ")");
   const auto total = detail::reduce_all<detail::SumReducer>(x, "mean");
   Tensor<T, D> y = cast<T>(mul(total.reshape(Shape{}), 1.0 / static_cast<double>(x.size())));
@@ -285,6 +360,7 @@ Tensor<T, D> mean(const Tensor<T, D>& x) {
 template <Element T, Device D>
 Tensor<T, D> max(const Tensor<T, D>& x) {
   TG_CHECK(x.size() > 0, "max", "cannot take the maximum of an empty tensor");
+  if (detail::batched(x)) return max(x.reshape({-1}), 0);  // batching rule: max over the flattened example
   Tensor<T, D> y = cast<T>(detail::reduce_all<detail::MaxReducer>(x, "max").reshape(Shape{}));
   if constexpr (FloatElement<T>) {
     if (detail::recording(x)) {
@@ -301,6 +377,7 @@ Tensor<T, D> max(const Tensor<T, D>& x) {
 /// Index (int32) of the first maximum of the flattened tensor, as a 0-d tensor.
 template <Element T, Device D>
 Tensor<std::int32_t, D> argmax(const Tensor<T, D>& x) {
+  if (detail::batched(x)) return argmax(x.untraced().reshape({-1}), 0);  // batching rule, as max's
   return argmax(x.untraced().reshape({-1}), 0).reshape(Shape{});
 }
 
@@ -308,6 +385,7 @@ namespace detail {
 /// softmax (Log: log_softmax) over the last axis: one row per item forward, one kernel backward.
 template <bool Log, FloatElement T, Device D>
 Tensor<T, D> softmax_over_rows(const Tensor<T, D>& x, const char* op) {
+  if (batched(x)) return as_batched(softmax_over_rows<Log>(x.physical(), op), x.batch_levels());  // batching rule: rows
   check_defined(x, op);
   TG_CHECK(x.rank() >= 1, op, "needs at least one axis, got a scalar");
   const std::int64_t n = x.dim(-1);

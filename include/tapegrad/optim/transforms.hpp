@@ -132,6 +132,15 @@ class BiasCorrections {
   std::tuple<Tensor<float, D>, Tensor<double, D>> values_;
 };
 
+/// Under tg::vmap, each example's bias corrections from its own count: out[2e], out[2e + 1].
+template <class C>
+struct BiasCorrectionPerExampleFn {
+  const std::int32_t* count;
+  double b1, b2;
+  C* out;
+  TG_HD void operator()(std::int64_t e) const { BiasCorrectionFn<C>{count + e, b1, b2, out + 2 * e}(0); }
+};
+
 /// scale_by_adam's kernel: one leaf's moments and update.
 template <class T>
 struct AdamFn {
@@ -225,6 +234,20 @@ inline Scale scale(double step_size) {
   return {step_size};
 }
 
+namespace detail {
+/// AdamFn under tg::vmap: element i belongs to example i / per_example, whose corrections it reads.
+template <class T>
+struct AdamPerExampleFn {
+  AdamFn<T> f;
+  std::int64_t per_example;
+  TG_HD void operator()(std::int64_t i) const {
+    AdamFn<T> g = f;
+    g.correction = f.correction + 2 * (i / per_example);
+    g(i);
+  }
+};
+}  // namespace detail
+
 /// Adam's rescaling (Kingma & Ba): moments with decay b1, b2, bias-corrected with the incremented count;
 /// updates m_hat / (sqrt(v_hat + eps_root) + eps).
 struct ScaleByAdam {
@@ -238,6 +261,10 @@ struct ScaleByAdam {
                                                       const Params&) const {
     using D = tree_device_t<Params>;
     ScaleByAdamState<Params> next{detail::increment(state.count), state.mu, state.nu};
+    std::uint32_t levels = next.count.batch_levels();
+    auto note = [&](std::size_t, const std::string&, const auto& leaf) { levels |= leaf.batch_levels(); };
+    tree_for_each_tensor(note, updates), tree_for_each_tensor(note, state.mu), tree_for_each_tensor(note, state.nu);
+    if (levels) return batched_update(updates, state, next, levels);
     detail::BiasCorrections<D> corrections(next.count, b1, b2);
     Params out = updates;
     tree_for_each([&](const std::string&, auto& o, auto& mu, auto& nu, const auto& g, const auto& mu0, const auto& nu0) {
@@ -249,6 +276,44 @@ struct ScaleByAdam {
         ::tg::detail::index_map<typename L::device_type>(
             g.size(), detail::AdamFn<T>{g.data(), mu0.data(), nu0.data(), correction, m.data(), v.data(), u.data(), {b1, b2, eps, eps_root}});
         o = u, mu = m, nu = v;
+      }
+    }, out, next.mu, next.nu, updates, state.mu, state.nu);
+    return {out, next};
+  }
+
+ private:
+  /// The batching rule (tg::vmap: an ensemble's members, or per-example updates): every leaf and the
+  /// count carry every batch axis; each example's moments and update in one kernel per leaf, with its
+  /// own bias corrections, bit for bit what the update of that example alone gives.
+  template <class Params>
+  std::pair<Params, ScaleByAdamState<Params>> batched_update(const Params& updates, const ScaleByAdamState<Params>& state,
+                                                              ScaleByAdamState<Params> next, std::uint32_t levels) const {
+    using D = tree_device_t<Params>;
+    const auto count = ::tg::detail::materialize(next.count, levels).physical();
+    const std::int64_t examples = count.size();
+    std::tuple<Tensor<float, D>, Tensor<double, D>> corrections;
+    auto correction = [&]<class C>() {
+      Tensor<C, D>& t = std::get<Tensor<C, D>>(corrections);
+      if (!t.defined()) {
+        t = Tensor<C, D>(Shape{examples, 2});
+        ::tg::detail::index_map<D>(examples, detail::BiasCorrectionPerExampleFn<C>{count.data(), b1, b2, t.data()});
+      }
+      return t.data();
+    };
+    Params out = updates;
+    tree_for_each([&](const std::string&, auto& o, auto& mu, auto& nu, const auto& g, const auto& mu0, const auto& nu0) {
+      using L = std::remove_cvref_t<decltype(o)>;
+      using T = typename L::value_type;
+      if constexpr (FloatElement<T>) {
+        const L gp = ::tg::detail::materialize(g, levels).physical();
+        const L mp = ::tg::detail::materialize(mu0, levels).physical(), np = ::tg::detail::materialize(nu0, levels).physical();
+        L u(gp.shape()), m(gp.shape()), v(gp.shape());
+        const auto* c = correction.template operator()<compute_t<T>>();
+        if (u.size() > 0)
+          ::tg::detail::index_map<D>(u.size(), detail::AdamPerExampleFn<T>{detail::AdamFn<T>{gp.data(), mp.data(), np.data(), c, m.data(), v.data(),
+                                                                                             u.data(), {b1, b2, eps, eps_root}},
+                                                                           g.size()});
+        o = L::batched(u, levels), mu = L::batched(m, levels), nu = L::batched(v, levels);
       }
     }, out, next.mu, next.nu, updates, state.mu, state.nu);
     return {out, next};
@@ -401,6 +466,20 @@ struct ClipByGlobalNorm {
   std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
     using D = tree_device_t<Params>;
     const auto norm = global_norm(updates);  // float, on the device
+    bool batched = false;
+    tree_for_each_tensor([&](std::size_t, const std::string&, const auto& g) { batched = batched || ::tg::detail::batched(g); }, updates);
+    if (batched) {  // batching rule (under tg::vmap): each example's updates by its own norm, with ops
+      const auto below = less(norm, full<float, D>(Shape{}, static_cast<float>(max_norm)));
+      return {tree_map([&](const auto& g) {
+                using T = typename std::remove_cvref_t<decltype(g)>::value_type;
+                if constexpr (FloatElement<T>) {
+                  const auto n = cast<T>(norm);
+                  return where(below, g, mul(div(g, n), max_norm));
+                } else {
+                  return g;
+                }
+              }, updates), {}};
+    }
     // optax: select(norm < max_norm, t, (t / norm) * max_norm), in each leaf's compute type: one launch
     // per 32 leaves of a dtype, the norm read from the device.
     const detail::ClipToNormFn clip{norm.data(), max_norm};

@@ -34,7 +34,8 @@ struct AddUpdatesFn {
 }  // namespace detail
 
 /// params + updates, leaf by leaf, in the parameters' dtype (optax.apply_updates): one launch per 32 leaves
-/// of a dtype, or tg::add per leaf where the tape records (the sum is then differentiable).
+/// of a dtype, or tg::add per leaf where the tape records (the sum is then differentiable) or under tg::vmap
+/// (add's batching rule: an ensemble's members each updated).
 template <class Params>
 Params apply_updates(const Params& params, const Params& updates) {
   using D = tree_device_t<Params>;
@@ -42,7 +43,7 @@ Params apply_updates(const Params& params, const Params& updates) {
   tree_for_each_tensor([&](std::size_t, const std::string& path, const auto& p, const auto& u) {
     TG_CHECK(p.shape() == u.shape(), "apply_updates", "update of shape ", u.shape().str(), " for the parameter '", path, "' of shape ",
              p.shape().str());
-    traced = traced || ::tg::detail::recording(p, u);
+    traced = traced || ::tg::detail::recording(p, u) || ::tg::detail::batched(p, u);
   }, params, updates);
   if (traced) {
     return tree_map([](const auto& p, const auto& u) {

@@ -13,6 +13,7 @@
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/base/bf16.hpp"
+#include "tapegrad/core/batching.hpp"
 #include "tapegrad/core/tensor.hpp"
 #include "tapegrad/random/threefry.hpp"
 
@@ -169,19 +170,20 @@ struct UniformFn {
   Key key;
   T* out;
   double lo, hi;
-  TG_HD void operator()(std::int64_t i) const {
-    const auto n = static_cast<std::uint64_t>(i);
+  TG_HD void operator()(std::int64_t i) const { out[i] = value(key, static_cast<std::uint64_t>(i)); }
+  /// Element n of the draw from `key`.
+  TG_HD T value(Key key, std::uint64_t n) const {
     if constexpr (std::is_same_v<T, float>) {
       const float flo = static_cast<float>(lo), range = static_cast<float>(hi) - flo;
-      out[i] = fmaxf(flo, fmaf(unit_float(bits32(key, n)), range, flo));
+      return fmaxf(flo, fmaf(unit_float(bits32(key, n)), range, flo));
     } else if constexpr (std::is_same_v<T, double>) {
-      out[i] = fmax(lo, fma(unit_double(bits64(key, n)), hi - lo, lo));
+      return fmax(lo, fma(unit_double(bits64(key, n)), hi - lo, lo));
     } else {
       // bf16 arithmetic: each operation rounds to bf16, as XLA does for a bf16 computation.
       const float blo = static_cast<float>(bf16(static_cast<float>(lo)));
       const float range = static_cast<float>(bf16(static_cast<float>(bf16(static_cast<float>(hi))) - blo));
       const float scaled = static_cast<float>(bf16(unit_bf16(bits32(key, n)) * range));
-      out[i] = bf16(fmaxf(blo, static_cast<float>(bf16(scaled + blo))));
+      return bf16(fmaxf(blo, static_cast<float>(bf16(scaled + blo))));
     }
   }
 };
@@ -191,25 +193,57 @@ template <class T>
 struct NormalFn {
   Key key;
   T* out;
-  TG_HD void operator()(std::int64_t i) const {
-    const auto n = static_cast<std::uint64_t>(i);
+  TG_HD void operator()(std::int64_t i) const { out[i] = value(key, static_cast<std::uint64_t>(i)); }
+  /// Element n of the draw from `key`.
+  TG_HD T value(Key key, std::uint64_t n) const {
     if constexpr (std::is_same_v<T, float>) {
       // lo = nextafter(-1, 0); hi - lo rounds to 2 in float, so u * 2 + lo is exact before the add.
       const float lo = -0.99999994f;
       const float u = fmaxf(lo, fmaf(unit_float(bits32(key, n)), 2.0f, lo));
-      out[i] = 1.41421354f * erf_inv_f32(u);
+      return 1.41421354f * erf_inv_f32(u);
     } else if constexpr (std::is_same_v<T, double>) {
       const double lo = -0.99999999999999989;  // nextafter(-1.0, 0.0)
       const double u = fmax(lo, fma(unit_double(bits64(key, n)), 2.0, lo));
-      out[i] = 1.4142135623730951 * erf_inv_f64(u);
+      return 1.4142135623730951 * erf_inv_f64(u);
     } else {
       const float lo = -0.99609375f;  // nextafter(-1, 0) in bf16; hi - lo rounds to 2 in bf16
       const float u = fmaxf(lo, static_cast<float>(bf16(unit_bf16(bits32(key, n)) * 2.0f + lo)));
       const float e = static_cast<float>(bf16(erf_inv_f32(u)));  // XLA evaluates bf16 erf_inv in float
-      out[i] = bf16(1.4140625f * e);                              // sqrt(2) rounded to bf16
+      return bf16(1.4140625f * e);                               // sqrt(2) rounded to bf16
     }
   }
 };
+
+/// out[i] = a draw (UniformFn / NormalFn) from keys held on the device: element i % per_key of the draw
+/// from key i / per_key (per_key 0: every element from the one key).
+template <class T, class Draw>
+struct DeviceKeyDrawFn {
+  const std::uint32_t* keys;
+  T* out;
+  std::int64_t per_key;
+  Draw draw;
+  TG_HD void operator()(std::int64_t i) const {
+    const std::int64_t k = per_key ? i / per_key : 0, n = per_key ? i % per_key : i;
+    out[i] = draw.value(Key{keys[2 * k], keys[2 * k + 1]}, static_cast<std::uint64_t>(n));
+  }
+};
+
+/// A draw of `shape` from a key tensor (uint32 (2,)); under tg::vmap a batch of keys draws each
+/// example's own values (and one key the same values for every example), as jax.random under jax.vmap.
+template <class T, class D, class Draw>
+Tensor<T, D> draw_from_key_tensor(const Tensor<std::uint32_t, D>& key, const Shape& shape, Draw draw, const char* op) {
+  TG_CHECK(key.defined() && key.shape() == Shape{2}, op, "a key tensor must have shape (2,) (jax.random.key_data), got ",
+           key.defined() ? key.shape().str() : std::string("an undefined tensor"));
+  if (::tg::detail::batched(key)) {
+    const std::uint32_t lv = key.batch_levels();
+    Tensor<T, D> t(::tg::detail::with_batch(lv, shape, op));
+    if (t.size() > 0) ::tg::detail::index_map<D>(t.size(), DeviceKeyDrawFn<T, Draw>{key.physical().data(), t.data(), shape.numel(), draw});
+    return Tensor<T, D>::batched(t, lv);
+  }
+  Tensor<T, D> t(shape);
+  if (t.size() > 0) ::tg::detail::index_map<D>(t.size(), DeviceKeyDrawFn<T, Draw>{key.data(), t.data(), 0, draw});
+  return t;
+}
 
 }  // namespace detail
 
@@ -221,15 +255,15 @@ Tensor<std::uint32_t, D> key_data(Key key) {
 }
 
 namespace detail {
-/// out = fold_in(key, data) for a key held on the device.
+/// out[i] = fold_in(key[i], data) for keys held on the device (two words each).
 struct FoldInFn {
   const std::uint32_t* key;
   std::uint32_t data;
   std::uint32_t* out;
-  TG_HD void operator()(std::int64_t) const {
+  TG_HD void operator()(std::int64_t i) const {
     std::uint32_t x0 = 0, x1 = data;
-    threefry2x32(Key{key[0], key[1]}, x0, x1);
-    out[0] = x0, out[1] = x1;
+    threefry2x32(Key{key[2 * i], key[2 * i + 1]}, x0, x1);
+    out[2 * i] = x0, out[2 * i + 1] = x1;
   }
 };
 }  // namespace detail
@@ -241,6 +275,12 @@ template <Device D>
 Tensor<std::uint32_t, D> fold_in(const Tensor<std::uint32_t, D>& key, std::uint32_t data) {
   TG_CHECK(key.defined() && key.shape() == Shape{2}, "random::fold_in", "a key tensor must have shape (2,) (jax.random.key_data), got ",
            key.defined() ? key.shape().str() : std::string("an undefined tensor"));
+  if (::tg::detail::batched(key)) {  // batching rule: a batch of keys, each folded
+    const auto p = key.physical();
+    Tensor<std::uint32_t, D> out(p.shape());
+    ::tg::detail::index_map<D>(p.size() / 2, detail::FoldInFn{p.data(), data, out.data()});
+    return Tensor<std::uint32_t, D>::batched(out, key.batch_levels());
+  }
   Tensor<std::uint32_t, D> out(Shape{2});
   ::tg::detail::index_map<D>(1, detail::FoldInFn{key.data(), data, out.data()});
   return out;
@@ -272,6 +312,20 @@ Tensor<T, D> normal(Key key, const Shape& shape) {
   ::tg::detail::forbid_in_compiled_step("random::normal", "a draw from a host key");
   ::tg::detail::index_map<D>(t.size(), detail::NormalFn<T>{key, t.data()});
   return t;
+}
+
+/// uniform from a key held as a device tensor (uint32 of shape (2,), key_data): usable inside a compiled
+/// step (the key an input of each call) and under tg::vmap (a batch of keys). Equal to the host-key draw.
+template <FloatElement T = float, Device D = Cpu>
+Tensor<T, D> uniform(const Tensor<std::uint32_t, D>& key, const Shape& shape, double minval = 0.0, double maxval = 1.0) {
+  TG_CHECK(minval < maxval, "random::uniform", "minval must be < maxval, got [", minval, ", ", maxval, ")");
+  return detail::draw_from_key_tensor<T, D>(key, shape, detail::UniformFn<T>{{}, nullptr, minval, maxval}, "random::uniform");
+}
+
+/// normal from a key held as a device tensor, as uniform's.
+template <FloatElement T = float, Device D = Cpu>
+Tensor<T, D> normal(const Tensor<std::uint32_t, D>& key, const Shape& shape) {
+  return detail::draw_from_key_tensor<T, D>(key, shape, detail::NormalFn<T>{{}, nullptr}, "random::normal");
 }
 
 /// A random permutation of 0..n-1, as jax.random.permutation(key, n): stable sorts of the indices by

@@ -24,6 +24,26 @@ TG_BEGIN_NAMESPACE
 template <class Tree>
 Tensor<float, tree_device_t<Tree>> global_norm(const Tree& tree) {
   using D = tree_device_t<Tree>;
+  std::uint32_t levels = 0;
+  tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) { levels |= leaf.batch_levels(); }, tree);
+  if (levels) {  // batching rule (jax.vmap(optax.global_norm)): each example's norm, one pass over each leaf
+    Tensor<float, D> total = zeros<float, D>(Shape{});
+    tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) {
+      using T = typename std::remove_cvref_t<decltype(leaf)>::value_type;
+      if constexpr (FloatElement<T>) {
+        if (!leaf.batch_levels()) {  // shared by every example
+          total = add(total, cast<float>(sum(square(cast<compute_t<T>>(leaf)))));
+          return;
+        }
+        const auto p = leaf.physical().untraced();
+        const std::int64_t n = leaf.size(), rows = n ? p.size() / n : 0;
+        const auto sq = detail::reduce_rows_as_all<detail::SumSquaresReducer, detail::SumReducer>(p.reshape(Shape{rows, n}), "global_norm");
+        total = add(total, detail::as_batched(cast<float>(sq).reshape(Shape(p.shape().dims().first(static_cast<std::size_t>(detail::batch_rank(leaf.batch_levels()))))),
+                                              leaf.batch_levels()));
+      }
+    }, tree);
+    return sqrt(total);
+  }
   constexpr std::int64_t chunk = 256;
   Tensor<double, D> total64;
   Tensor<float, D> total = zeros<float, D>(Shape{});
