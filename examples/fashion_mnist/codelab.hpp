@@ -120,11 +120,19 @@ void train_loop(Step& train_step, P& params, S& opt_state, const Batches& batche
   }
 }
 
-/// evaluate(params, batch): the summed loss over the batch and the predicted classes.
+/// eval_one_batch(params, batch): the summed loss over the batch and the predicted classes.
 template <class D>
-std::tuple<Tensor<D>, Labels<D>> evaluate(const Mlp<D>& params, const Tensor<D>& x, const Labels<D>& y) {
+std::tuple<Tensor<D>, Labels<D>> eval_one_batch(const Mlp<D>& params, const Tensor<D>& x, const Labels<D>& y) {
   const auto logits = mlp<float>(params, x);
   return {tg::sum(tg::softmax_cross_entropy_with_integer_labels(logits, y)), tg::argmax(logits, 1)};
+}
+
+/// evaluate_batches(params, x_batches, y_batches): every test batch at once, as the codelab's
+/// jax.vmap(eval_one_batch)(x_batches, y_batches): the batches stacked (batches, batch, 784) and
+/// (batches, batch) -> each batch's summed loss (batches,) and predictions (batches, batch).
+template <class D>
+std::tuple<Tensor<D>, Labels<D>> evaluate_batches(const Mlp<D>& params, const Tensor<D>& x_batches, const Labels<D>& y_batches) {
+  return tg::vmap(eval_one_batch<D>, {std::nullopt, 0, 0})(params, x_batches, y_batches);
 }
 
 }  // namespace codelab

@@ -167,6 +167,10 @@ class Codelab {
                                               c_.rank, c_.ranks)
                  : tg::data::fixed_batches<D>(train.images, train.labels, c_.batch, 10, tg::random::key(c_.seed), c_.rank, c_.ranks);
     test_ = tg::data::fixed_batches<D>(data_.test.images, data_.test.labels, c_.batch, 10);
+    std::vector<Tensor> xs;
+    std::vector<tg::Tensor<std::int32_t, D>> ys;
+    for (const auto& b : test_) xs.push_back(b.x), ys.push_back(b.y);
+    test_x_ = tg::stack(std::span<const Tensor>(xs)), test_y_ = tg::stack(std::span<const tg::Tensor<std::int32_t, D>>(ys));
     fm::Table t{"device arrays", {"array", "shape", "dtype", "device"}, {}};
     auto row = [&](const std::string& name, std::size_t n, const auto& one) {
       using T = typename std::remove_cvref_t<decltype(one)>::value_type;
@@ -319,16 +323,12 @@ class Codelab {
   void evaluation() {
     log_.heading("7. Evaluation", "Over the " + std::to_string(test_.size()) + " test batches (" +
                                       fm::grouped(static_cast<double>(test_.size()) * static_cast<double>(c_.batch)) + " images).");
-    auto evaluate = tg::compile(&codelab::evaluate<D>);
+    // The codelab's evaluation: eval_one_batch vmapped over the stacked test batches, compiled.
+    auto evaluate = tg::compile(&codelab::evaluate_batches<D>);
+    const auto [losses, pred] = evaluate(params_, test_x_, test_y_);
     double loss_sum = 0;
-    std::vector<std::int32_t> predicted, truth;
-    for (const auto& b : test_) {
-      const auto [l, pred] = evaluate(params_, b.x, b.y);
-      loss_sum += l.item();
-      const auto pv = pred.to_vector(), yv = b.y.to_vector();
-      predicted.insert(predicted.end(), pv.begin(), pv.end());
-      truth.insert(truth.end(), yv.begin(), yv.end());
-    }
+    for (const float l : losses.to_vector()) loss_sum += l;
+    const std::vector<std::int32_t> predicted = pred.to_vector(), truth = test_y_.to_vector();
     std::size_t correct = 0;
     for (std::size_t i = 0; i < truth.size(); ++i) correct += truth[i] == predicted[i];
     const double n = static_cast<double>(truth.size());
@@ -510,6 +510,8 @@ class Codelab {
   tg::Compiled<TrainStep<float>> step_f32_;
   tg::Compiled<TrainStep<tg::bf16>> step_bf16_;
   std::vector<tg::data::Batch<D>> train_, test_;
+  Tensor test_x_;                         // the test batches stacked: (batches, batch, 784), as the codelab's x_test_batches
+  tg::Tensor<std::int32_t, D> test_y_;    // (batches, batch)
   Params params_;
   State state_;
   fm::History history_;
