@@ -6,7 +6,9 @@
 # per-kernel table of the training step; and the peer scripts (PyTorch with CUDA graphs, JAX with the
 # loop in one jit, the codelab's own JAX code) on the same GPU, so ratios come from one run.
 # The Vision Transformer example (f32 and bf16), its benchmark mode and its JAX reference's jitted step
-# run too. TG_GPU_PARTS (default "all") picks parts: tests, sanitizers, bench, example, ncu, peers, vit.
+# run too, and the DP-SGD example (per-example gradients by tg::vmap): its golden check, its step's
+# examples/sec and its JAX reference's on the same GPU. TG_GPU_PARTS (default "all") picks parts: tests,
+# sanitizers, bench, example, ncu, peers, vit, dp.
 #   bash run.sh [RESULTS_DIR]      RESULTS_DIR: $OUT if set, else ./gpu-results
 # Writes RESULTS_DIR/log.txt as it goes and RESULTS_DIR/results.tgz (every part's full log) at the end.
 # Without a GPU (no nvidia-smi, or it lists none) it is a dry run: it checks that every binary finds its
@@ -90,6 +92,15 @@ if [ $gpu = 1 ]; then
     TAILN=2 run 150 jax_vit_bf16 python3 "$g/vit_reference.py" bench --data-dir "$g/data" --steps 200 --dtype bf16
     [ -n "$san" ] && TAILN=4 run 150 memcheck_transformer_ops "$san" --tool memcheck --error-exitcode 9 "$bin/tapegrad_gpu_tests" "[transformer]"
   fi
+  if want dp; then
+    TAILN=4 run 120 dp_sgd_cuda_golden "$bin/dp_sgd_cuda" --data-dir "$g/data" --no-download --golden "$g/dp_sgd_golden.json" --check-golden
+    for b in 512 4096; do
+      TAILN=1 run 120 "dp_sgd_cuda_bench_$b" "$bin/dp_sgd_cuda" --data-dir "$g/data" --no-download --bench 50 --batch-size $b
+      TAILN=1 run 150 "jax_dp_sgd_$b" python3 "$g/dp_sgd_reference.py" bench --data-dir "$g/data" --batch-size $b --steps 50 --runs 3
+    done
+    TAILN=8 run 150 dp_sgd_cuda "$bin/dp_sgd_cuda" --data-dir "$g/data" --out "$w/res/dp_sgd" --no-download
+    [ -n "$san" ] && TAILN=4 run 200 memcheck_vmap "$san" --tool memcheck --error-exitcode 9 "$bin/tapegrad_gpu_tests" "[vmap]"
+  fi
   if [ -n "$san" ] && want sanitizers; then
     TAILN=6 run 300 memcheck "$san" --tool memcheck --error-exitcode 9 "$bin/tapegrad_gpu_tests"
     step=("$bin/bench_train_step_cuda" --batch 512 --runs 1 --steps 2 --json "$w/res/sanitized_step.json")
@@ -159,7 +170,7 @@ PY
 else
   for part in "gpu_tests" "memcheck over the GPU suite" "racecheck and synccheck over the training step's kernels" \
     "bench_gemm_cuda" "bench_train_step_cuda" "the example on the GPU (f32, bf16)" "ncu per-kernel table" "peers" \
-    "the ViT example, its benchmark and its JAX peer on the GPU"; do
+    "the ViT example, its benchmark and its JAX peer on the GPU" "the DP-SGD example, its benchmark and its JAX peer on the GPU"; do
     skip "$part" "no GPU"
   done
   if [ $cuda_libs = 1 ]; then
@@ -168,6 +179,7 @@ else
       --no-download --steps 20 --log-every 10 --timing-steps 5 --quiet
     TAILN=6 run 120 vit_cpu_fallback "$bin/vit_fashion_mnist_cuda" --data-dir "$g/data" --out "$w/res/vit_cpu" --no-download \
       --golden "$g/vit_golden.json" --max-steps 20 --quiet
+    TAILN=4 run 120 dp_sgd_cpu_fallback "$bin/dp_sgd_cuda" --data-dir "$g/data" --no-download --golden "$g/dp_sgd_golden.json" --check-golden
   fi
 fi
 say done

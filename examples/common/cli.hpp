@@ -1,7 +1,7 @@
 // The examples' command line and main: the options both have, the device picked at run time
 // (tg::with_device: one body, a template on the device), the compute dtype as a template parameter, and
 // the exit codes: 0 done; 1 an error, or a training that diverged; 2 bad input (options, data, --out),
-// said before any training. Shared by fashion_mnist and vit_fashion_mnist.
+// said before any training. Shared by the examples (fashion_mnist, vit_fashion_mnist, dp_sgd).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -22,8 +22,8 @@ struct CommonOptions {
   bool no_download = false, quiet = false;
 };
 
-inline void add_common_options(CLI::App& app, CommonOptions& o, const std::string& dtype_help) {
-  app.add_option("--dtype", o.dtype, dtype_help)->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+/// The options every example has but --dtype: the device, the data, the outputs.
+inline void add_device_data_output_options(CLI::App& app, CommonOptions& o) {
   app.add_option("--device", o.device, "auto: CUDA when a GPU is there (in the nvcc build), else the CPU")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
@@ -31,6 +31,12 @@ inline void add_common_options(CLI::App& app, CommonOptions& o, const std::strin
   app.add_option("--out", o.out, "output directory")->capture_default_str();
   app.add_flag("--no-download", o.no_download, "never download the data set");
   app.add_flag("--quiet", o.quiet, "print nothing but errors");
+}
+
+/// The options the examples that train in f32 or bf16 have.
+inline void add_common_options(CLI::App& app, CommonOptions& o, const std::string& dtype_help) {
+  app.add_option("--dtype", o.dtype, dtype_help)->check(CLI::IsMember({"f32", "bf16"}))->capture_default_str();
+  add_device_data_output_options(app, o);
 }
 
 /// The training loss went NaN or infinite: the run stops at the first logged step that shows it (exit 1).

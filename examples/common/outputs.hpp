@@ -1,5 +1,5 @@
 // What the examples write under --out: files written whole or not at all, and the check, before any
-// training, that --out can be written. Shared by fashion_mnist and vit_fashion_mnist.
+// training, that --out can be written. Shared by the examples.
 #pragma once
 
 #include <tapegrad/tapegrad.hpp>
@@ -11,6 +11,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
+#include <iostream>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -25,6 +27,17 @@ inline void write_whole(const std::filesystem::path& path, const std::string& by
 }
 
 inline std::string as_string(const std::vector<std::uint8_t>& b) { return std::string(b.begin(), b.end()); }
+
+/// Writes metrics.json and report.html under `out` (each whole or absent) and, unless quiet, says so with
+/// the run's time.
+inline void write_metrics_and_report(const std::string& out, const std::string& metrics_json, const std::string& report_html, bool quiet,
+                                     double seconds) {
+  const std::filesystem::path dir(out);
+  std::filesystem::create_directories(dir);
+  write_whole(dir / "metrics.json", metrics_json);
+  write_whole(dir / "report.html", report_html);
+  if (!quiet) std::cout << "wrote " << (dir / "report.html").string() << " and metrics.json (" << std::fixed << std::setprecision(1) << seconds << " s)\n";
+}
 
 /// Fails before any training, exit 2, when --out cannot be created or written: each missing folder is
 /// created and a probe file written and removed, then what was created is removed again (a run that

@@ -1,6 +1,6 @@
 // The examples' output: tables printed in the terminal and collected into a self-contained HTML report
 // (inline SVG charts, PNG images as data: URIs), PNG files through libpng, a progress bar, and Log, which
-// does both at once for a report's sections. Shared by fashion_mnist and vit_fashion_mnist.
+// does both at once for a report's sections. Shared by the examples.
 #pragma once
 
 #include <png.h>

@@ -422,11 +422,7 @@ int main(int argc, char** argv) {
     const int rc = tg::with_device(o.device, [&]<class D>() { return VitRun<D>(o, data, metrics, html).run(); });
     if (!report) return rc;
     metrics["seconds"] = seconds_since(t0);
-    const std::filesystem::path dir(o.out);
-    std::filesystem::create_directories(dir);
-    fm::write_whole(dir / "metrics.json", metrics.dump(2) + "\n");
-    fm::write_whole(dir / "report.html", html.document("tapegrad: a Vision Transformer on Fashion-MNIST"));
-    if (!o.quiet) std::cout << "wrote " << (dir / "report.html").string() << " and metrics.json (" << fm::fmt("%.1f", seconds_since(t0)) << " s)\n";
+    fm::write_metrics_and_report(o.out, metrics.dump(2) + "\n", html.document("tapegrad: a Vision Transformer on Fashion-MNIST"), o.quiet, seconds_since(t0));
     return rc;
   });
 }
