@@ -322,6 +322,21 @@ TEST_CASE("vmap of grad gives per-example gradients; grad of vmap the gradient o
     const auto one = tg::tree_map([i](const auto& leaf) { return tg::index_in_dim(leaf, i); }, pf);
     REQUIRE(std::abs(norms.at({i}) - tg::global_norm(one).item()) <= 1e-6 * tg::global_norm(one).item());
   }
+  // Per-leaf axes: only w1 and b1 per member (axis 0 and axis 1 of their stacks), the rest shared; and an
+  // output per tuple element with its own out_axes.
+  const auto w1s = tg::stack({p.w1, tg::mul(p.w1, 2.0)}, 0), b1s = tg::stack({p.b1, tg::mul(p.b1, -1.0)}, 1);
+  auto partly = p;
+  partly.w1 = w1s, partly.b1 = b1s;
+  const auto axes = tg::VmapAxes::per_leaf({0, 1, std::nullopt, std::nullopt, std::nullopt, std::nullopt});
+  const auto [logits_t, shared] = tg::vmap([](const Mlp<double, D>& q, const tg::Tensor<double, D>& xs) { return std::pair{mlp(q, xs), xs}; },
+                                            {axes, std::nullopt}, {1, std::nullopt})(partly, x);
+  REQUIRE(logits_t.shape() == tg::Shape{4, 2, 3});
+  require_equal(shared, x);
+  auto second = p;
+  second.w1 = tg::mul(p.w1, 2.0), second.b1 = tg::mul(p.b1, -1.0);
+  require_equal(tg::index_in_dim(logits_t, 1, 1), mlp(second, x), 1e-14);
+  REQUIRE_THROWS_WITH(tg::vmap([](const Mlp<double, D>& q) { return q.w1; }, {tg::VmapAxes::per_leaf({0, 0})})(partly),
+                      Contains("6 tensor leaves but 2 per-leaf axes"));
   // An ensemble: params batched too (in_axes 0 for every leaf).
   const auto ps = tg::tree_map([](const auto& leaf) { return tg::stack({leaf, tg::mul(leaf, 2.0), leaf}, 0); }, p);
   const auto logits = tg::vmap([](const Mlp<double, D>& q, const tg::Tensor<double, D>& xs) { return mlp(q, xs); }, {0, std::nullopt})(ps, x);
