@@ -6,27 +6,13 @@
 #include <tapegrad/tapegrad.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "timing.hpp"
+
 namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-template <class F>
-double median_ms(int runs, int reps, F&& f) {
-  f();  // warm-up (records the compiled step)
-  std::vector<double> t;
-  for (int r = 0; r < runs; ++r) {
-    const auto t0 = clock_type::now();
-    for (int i = 0; i < reps; ++i) f();
-    t.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count() / reps);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 template <class T>
 struct Qkv {
@@ -57,7 +43,7 @@ void run(const Problem& p, int runs) {
     });
     const double flops = 4.0 * p.B * p.N * p.T * p.T * p.H * 3.5;  // forward 2 GEMMs, backward 5
     const int reps = std::max(1, static_cast<int>(2e8 / flops));
-    ms[i] = median_ms(runs, reps, [&] { (void)step(); });
+    ms[i] = bench::median_ms(runs, reps, [&] { (void)step(); });
   }
   std::printf("  B %4lld  T %5lld  N %2lld  H %3lld  %-6s  composed %9.3f ms  fused %9.3f ms  fused / composed time %5.2f\n",
               static_cast<long long>(p.B), static_cast<long long>(p.T), static_cast<long long>(p.N), static_cast<long long>(p.H),

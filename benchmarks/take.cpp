@@ -6,30 +6,12 @@
 #include <tapegrad/tapegrad.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
-namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-template <class F>
-double median_ms(int runs, int reps, F&& f) {
-  f();  // warm-up (records a compiled step, touches the memory)
-  std::vector<double> t;
-  for (int r = 0; r < runs; ++r) {
-    const auto t0 = clock_type::now();
-    for (int i = 0; i < reps; ++i) f();
-    t.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count() / reps);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-}  // namespace
+#include "timing.hpp"
 
 int main(int argc, char** argv) {
   std::int64_t vocab = 50257, tokens = 8192, dim = 768;
@@ -78,11 +60,11 @@ int main(int argc, char** argv) {
   };
   std::printf("bench_take: tapegrad %s, %d OpenMP threads; table (%lld, %lld) f32, %lld token ids; median of %d runs, ms\n", tg::version,
               tg::cpu::threads(), static_cast<long long>(vocab), static_cast<long long>(dim), static_cast<long long>(tokens), runs);
-  const double ff = median_ms(runs, 20, floor_fwd), fb = median_ms(runs, 5, floor_bwd);
-  const double fe = median_ms(runs, 20, [&] { (void)forward(table); });
-  const double fc = median_ms(runs, 20, [&] { (void)forward_c(); });
-  const double be = median_ms(runs, 5, [&] { (void)backward(table); });
-  const double bc = median_ms(runs, 5, [&] { (void)backward_c(); });
+  const double ff = bench::median_ms(runs, 20, floor_fwd), fb = bench::median_ms(runs, 5, floor_bwd);
+  const double fe = bench::median_ms(runs, 20, [&] { (void)forward(table); });
+  const double fc = bench::median_ms(runs, 20, [&] { (void)forward_c(); });
+  const double be = bench::median_ms(runs, 5, [&] { (void)backward(table); });
+  const double bc = bench::median_ms(runs, 5, [&] { (void)backward_c(); });
   std::printf("  forward           eager %8.3f ms  compiled %8.3f ms  floor (row copies, one thread) %8.3f ms\n", fe, fc, ff);
   std::printf("  forward+backward  eager %8.3f ms  compiled %8.3f ms  floor (memset + row adds, one thread) %8.3f ms\n", be, bc, fb);
   std::printf("{\"forward_ms\": %.4f, \"forward_backward_ms\": %.4f, \"forward_compiled_ms\": %.4f, \"forward_backward_compiled_ms\": %.4f}\n", fe,

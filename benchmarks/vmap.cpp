@@ -11,31 +11,17 @@
 #include <tapegrad/tapegrad.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "timing.hpp"
 #include "../examples/dp_sgd/dp_sgd.hpp"
 #include "../examples/fashion_mnist/codelab.hpp"
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
 using D = tg::Cpu;
-
-template <class F>
-double median_ms(int runs, F&& f) {
-  f();  // warm-up (records the compiled functions)
-  std::vector<double> t;
-  for (int r = 0; r < runs; ++r) {
-    const auto t0 = clock_type::now();
-    f();
-    t.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 }  // namespace
 
@@ -74,7 +60,7 @@ int main(int argc, char** argv) {
   auto all = tg::compile(&codelab::evaluate_batches<D>);
   double loop_loss = 0, vmap_loss = 0;
   std::vector<std::int32_t> loop_pred, vmap_pred;
-  const double loop_ms = median_ms(runs, [&] {
+  const double loop_ms = bench::median_ms(runs, 1, [&] {
     loop_loss = 0, loop_pred.clear();
     for (std::int64_t b = 0; b < nb; ++b) {
       const auto [l, p] = one(params, xs[static_cast<std::size_t>(b)], ys[static_cast<std::size_t>(b)]);
@@ -83,7 +69,7 @@ int main(int argc, char** argv) {
       loop_pred.insert(loop_pred.end(), pv.begin(), pv.end());
     }
   });
-  const double vmap_ms = median_ms(runs, [&] {
+  const double vmap_ms = bench::median_ms(runs, 1, [&] {
     const auto [l, p] = all(params, xb, yb);
     vmap_loss = 0;
     for (const float v : l.to_vector()) vmap_loss += v;
@@ -100,12 +86,12 @@ int main(int argc, char** argv) {
   auto batched = tg::compile([](const codelab::Mlp<D>& p, const tg::Tensor<float, D>& xi, const tg::Tensor<std::int32_t, D>& yi) {
     return dp_sgd::per_example_grads(p, xi, yi).second;
   });
-  const double vmap_grad_ms = median_ms(runs, [&] { (void)batched(params, x, y).w1.dim(0); });
+  const double vmap_grad_ms = bench::median_ms(runs, 1, [&] { (void)batched(params, x, y).w1.dim(0); });
   auto example_grad = tg::grad([](const codelab::Mlp<D>& p, const tg::Tensor<float, D>& xi, const tg::Tensor<std::int32_t, D>& yi) {
     return dp_sgd::example_loss(p, xi, yi).first;
   });
   const std::int64_t n = std::min(loop_examples, batch);
-  const double loop_grad_ms = median_ms(std::max(1, runs / 2), [&] {
+  const double loop_grad_ms = bench::median_ms(std::max(1, runs / 2), 1, [&] {
     std::vector<codelab::Mlp<D>> gs;
     for (std::int64_t i = 0; i < n; ++i) gs.push_back(example_grad(params, tg::index_in_dim(x, i), tg::index_in_dim(y, i)));
     std::vector<tg::Tensor<float, D>> w1s;

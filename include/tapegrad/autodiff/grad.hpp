@@ -75,7 +75,7 @@ auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
            loss.defined() ? loss.shape().str() : std::string("<undefined>"), "; reduce it first, e.g. with tg::mean");
 
   if (tape.owns(loss.trace())) {  // batched: a scalar per example, each seeded with 1
-    tape.accumulate(loss.trace(), ones<typename Loss::value_type, typename Loss::device_type>(loss.physical().shape()));
+    tape.accumulate(loss.trace(), ones<typename Loss::value_type, typename Loss::device_type>(loss.physical_shape()));
     tape.backward();  // no tape is active: the backward rules record nothing
   }
   Params grads = traced;

@@ -53,11 +53,6 @@ class VmapAxes {
 namespace detail {
 
 template <class X>
-constexpr bool has_tensors() {
-  return Pytree<X>;
-}
-
-template <class X>
 std::size_t tensor_leaf_count(X& x) {
   std::size_t n = 0;
   tree_for_each([&](const std::string&, auto& leaf) {
@@ -128,9 +123,8 @@ Tensor<T, D> vmap_exit(const Tensor<T, D>& y, std::optional<int> axis, std::uint
 
 template <class X>
 void vmap_size_of(const X& x, const VmapAxes& axes, std::size_t arg, std::optional<std::int64_t>& size, std::size_t& from) {
-  if constexpr (has_tensors<X>()) {
-    X copy = x;
-    for_each_mapped_leaf(copy, axes, "argument", arg, [&](const auto& leaf, std::optional<int> axis, const std::string& path) {
+  if constexpr (Pytree<X>) {
+    for_each_mapped_leaf(x, axes, "argument", arg, [&](const auto& leaf, std::optional<int> axis, const std::string& path) {
       if (!axis) return;
       TG_CHECK(leaf.defined(), "vmap", "argument ", arg, (path.empty() ? "" : " leaf "), path, " is undefined");
       TG_CHECK(leaf.rank() > 0 && *axis >= -leaf.rank() && *axis < leaf.rank(), "vmap", "in_axes ", *axis, " is out of range for argument ",
@@ -145,7 +139,7 @@ void vmap_size_of(const X& x, const VmapAxes& axes, std::size_t arg, std::option
 
 template <class X>
 X vmap_enter_all(const X& x, const VmapAxes& axes, std::size_t arg, std::uint32_t bit) {
-  if constexpr (has_tensors<X>()) {
+  if constexpr (Pytree<X>) {
     X y = x;
     for_each_mapped_leaf(y, axes, "argument", arg, [&](auto& leaf, std::optional<int> axis, const std::string&) {
       if (axis) leaf = vmap_enter(leaf, *axis < 0 ? *axis + leaf.rank() : *axis, bit);
@@ -169,7 +163,7 @@ Y vmap_exit_all(Y y, const std::vector<VmapAxes>& out_axes, std::uint32_t bit, s
     }
   }
   TG_CHECK(out_axes.size() == 1, "vmap", "out_axes has ", out_axes.size(), " entries for an output that is one value");
-  if constexpr (has_tensors<Y>()) {
+  if constexpr (Pytree<Y>) {
     for_each_mapped_leaf(y, out_axes[0], "output", 0, [&](auto& leaf, std::optional<int> axis, const std::string& path) {
       leaf = vmap_exit(leaf, axis, bit, size, path);
     });

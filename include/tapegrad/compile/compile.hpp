@@ -103,11 +103,14 @@ template <class Tuple>
 std::string signature(Tuple& args) {
   std::string key = typeid(Tuple).name();
   std::apply([&](auto&... a) {
-    (tree_for_each([&](const std::string&, const auto& leaf) {
+    (tree_for_each([&](const std::string& path, const auto& leaf) {
       using L = std::remove_cvref_t<decltype(leaf)>;
       if constexpr (std::is_same_v<L, bool>) {
         key += leaf ? "|T" : "|F";
       } else {
+        TG_CHECK(leaf.batch_levels() == 0, "compile", "argument ", path.empty() ? std::string("value") : path,
+                 " is batched by an enclosing tg::vmap: a compiled function cannot run inside vmap; put the vmap inside it "
+                 "(tg::compile(tg::vmap(f))), which records the batched ops as one plan");
         key += '|';
         key += leaf.shape().str();
         key += leaf.defined() ? "" : "undef";
@@ -145,11 +148,6 @@ class Compiled {
     using Out = std::remove_cvref_t<std::invoke_result_t<F&, const std::remove_cvref_t<Args>&...>>;
     using D = tree_device_t<Held>;
     Held held(std::forward<Args>(args)...);
-    tree_for_each_tensor([](std::size_t, const std::string& path, const auto& leaf) {
-      TG_CHECK(leaf.batch_levels() == 0, "compile", "argument ", path.empty() ? std::string("value") : path,
-               " is batched by an enclosing tg::vmap: a compiled function cannot run inside vmap; put the vmap inside it "
-               "(tg::compile(tg::vmap(f))), which records the batched ops as one plan");
-    }, std::as_const(held));
     const std::string key = detail::signature(held);
     auto it = plans_.find(key);
     if (it == plans_.end()) {

@@ -302,7 +302,7 @@ class Tensor {
                             "tg::from_vector or an op");
   }
   std::string batch_str() const {
-    return physical().shape().str() + " with " + std::to_string(std::popcount(batch_levels_)) + " batch axes in front";
+    return shape_.str() + " with " + std::to_string(std::popcount(batch_levels_)) + " batch axes in front";
   }
   void forbid_batched(const char* op) const {
     TG_CHECK(batch_levels_ == 0, op, "cannot read the values of a tensor batched by tg::vmap (per-example shape ",

@@ -358,7 +358,7 @@ Tensor<T, D> dropout(const Tensor<std::uint32_t, D>& key, const Tensor<T, D>& x,
   detail::check_defined(x, "dropout");
   detail::check_defined(key, "dropout");
   detail::check_rate(rate);
-  TG_CHECK(key.shape() == Shape{2}, "dropout", "a key tensor must have shape (2,) (jax.random.key_data), got ", key.shape().str());
+  random::detail::check_key_tensor(key, "dropout");
   if (deterministic || rate == 0.0) return x;
   if (detail::batched(key, x)) {  // batching rule: a batch of keys draws a mask per example; one key, the same for all
     const std::uint32_t lv = detail::levels_of(key, x);

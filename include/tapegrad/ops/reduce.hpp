@@ -135,23 +135,8 @@ Tensor<T, D> softmax_backward(const Tensor<T, D>& y, const Tensor<T, D>& dy) {
 /// 165 µs kernel on an H200), the same on both devices so they sum in the same order.
 inline constexpr std::int64_t reduce_chunk = 256;
 
-/// Reduces every element with R: fixed chunks reduced in order, then the chunk results, recursively.
-template <class R, Element T, Device D>
-Tensor<compute_t<T>, D> reduce_all_partials(const Tensor<T, D>& x, const char* op) {
-  using C = compute_t<T>;
-  check_defined(x, op);
-  const std::int64_t n = x.size();
-  if (n <= reduce_chunk) return reduce_axis<R, C>(x.untraced().reshape(Shape{1, n}), 1, false, op).reshape(Shape{1});
-  // Pad conceptually: chunks of reduce_chunk, the last one shorter. Reduce full chunks as a (m, chunk)
-  // view, the tail separately, in a fixed order.
-  const std::int64_t full = n / reduce_chunk, tail = n - full * reduce_chunk;
-  Tensor<C, D> partial(Shape{full + (tail ? 1 : 0)});
-  index_map<D>(full, ReduceAxisFn<R, T, C>{x.data(), partial.data(), reduce_chunk, 1, R{}});
-  if (tail) index_map<D>(1, ReduceAxisFn<R, T, C>{x.data() + full * reduce_chunk, partial.data() + full, tail, 1, R{}});
-  return partial;
-}
-
-/// Row r of x: chunk j % chunks of row j / chunks reduced with R, as reduce_all_partials reduces a chunk.
+/// Item i: chunk i % chunks of row i / chunks of x (rows of n elements; the last chunk of a row shorter)
+/// reduced with R, in index order.
 template <class R, class TIn, class TOut>
 struct RowChunkFn {
   const TIn* x;
@@ -169,13 +154,14 @@ struct RowChunkFn {
   }
 };
 
-/// Each row of a (rows, n) tensor reduced with R into (rows,) of the compute type, in the order
-/// reduce_all reduces a tensor of n elements: the whole-tensor reductions' batching rule, so that a
-/// batched sum equals the per-example sums bit for bit. The chunks' results are combined with Rest (the
-/// sum, for a sum of squares).
+/// Each row of a (rows, n) tensor reduced with R into (rows,) of the compute type: fixed chunks reduced in
+/// order, then the chunks' results, recursively, combined with Rest (the sum, for a sum of squares). A
+/// whole tensor is one row (reduce_all); a batch of examples is a row each (the whole-tensor reductions'
+/// batching rule), so a batched sum equals the per-example sums bit for bit.
 template <class R, class Rest = R, Element T, Device D>
 Tensor<compute_t<T>, D> reduce_rows_as_all(const Tensor<T, D>& x, const char* op) {
   using C = compute_t<T>;
+  check_defined(x, op);
   const std::int64_t rows = x.dim(0), n = x.dim(1);
   if (n <= reduce_chunk) return reduce_axis<R, C>(x, 1, false, op);
   const std::int64_t chunks = (n + reduce_chunk - 1) / reduce_chunk;
@@ -184,12 +170,11 @@ Tensor<compute_t<T>, D> reduce_rows_as_all(const Tensor<T, D>& x, const char* op
   return reduce_rows_as_all<Rest>(partial, op);
 }
 
-/// Every element reduced with R into a (1,) tensor of the compute type: reduce_all_partials until one is left.
+/// Every element reduced with R into a (1,) tensor of the compute type.
 template <class R, Element T, Device D>
 Tensor<compute_t<T>, D> reduce_all(const Tensor<T, D>& x, const char* op) {
-  auto partial = reduce_all_partials<R>(x, op);
-  while (partial.size() > 1) partial = reduce_all_partials<R>(partial, op);
-  return partial;
+  check_defined(x, op);
+  return reduce_rows_as_all<R>(x.untraced().reshape(Shape{1, x.size()}), op);
 }
 
 /// The cotangent of a reduction over `axis`, expanded back to the input's shape.

@@ -139,10 +139,7 @@ struct AdamW {
   template <class Params, class State>
   std::pair<Params, State> update(const Params& updates, const State& state, const Params& params) const {
     using D = tree_device_t<Params>;
-    bool batched = false;
-    auto any_batched = [&](std::size_t, const std::string&, const auto& leaf) { batched = batched || ::tg::detail::batched(leaf); };
-    tree_for_each_tensor(any_batched, updates), tree_for_each_tensor(any_batched, state), tree_for_each_tensor(any_batched, params);
-    if (batched) return atoms().update(updates, state, params);  // under tg::vmap: the chain, whose ops batch
+    if (tree_batch_levels(updates, state, params)) return atoms().update(updates, state, params);  // under tg::vmap: the chain, whose ops batch
     const auto& adam_state = std::get<0>(state);
     State next = state;
     auto& adam_next = std::get<0>(next);

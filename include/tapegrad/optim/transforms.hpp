@@ -261,10 +261,7 @@ struct ScaleByAdam {
                                                       const Params&) const {
     using D = tree_device_t<Params>;
     ScaleByAdamState<Params> next{detail::increment(state.count), state.mu, state.nu};
-    std::uint32_t levels = next.count.batch_levels();
-    auto note = [&](std::size_t, const std::string&, const auto& leaf) { levels |= leaf.batch_levels(); };
-    tree_for_each_tensor(note, updates), tree_for_each_tensor(note, state.mu), tree_for_each_tensor(note, state.nu);
-    if (levels) return batched_update(updates, state, next, levels);
+    if (const std::uint32_t levels = tree_batch_levels(next.count, updates, state.mu, state.nu)) return batched_update(updates, state, next, levels);
     detail::BiasCorrections<D> corrections(next.count, b1, b2);
     Params out = updates;
     tree_for_each([&](const std::string&, auto& o, auto& mu, auto& nu, const auto& g, const auto& mu0, const auto& nu0) {
@@ -466,9 +463,7 @@ struct ClipByGlobalNorm {
   std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
     using D = tree_device_t<Params>;
     const auto norm = global_norm(updates);  // float, on the device
-    bool batched = false;
-    tree_for_each_tensor([&](std::size_t, const std::string&, const auto& g) { batched = batched || ::tg::detail::batched(g); }, updates);
-    if (batched) {  // batching rule (under tg::vmap): each example's updates by its own norm, with ops
+    if (tree_batch_levels(updates)) {  // batching rule (under tg::vmap): each example's updates by its own norm, with ops
       const auto below = less(norm, full<float, D>(Shape{}, static_cast<float>(max_norm)));
       return {tree_map([&](const auto& g) {
                 using T = typename std::remove_cvref_t<decltype(g)>::value_type;

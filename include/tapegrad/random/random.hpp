@@ -228,12 +228,19 @@ struct DeviceKeyDrawFn {
   }
 };
 
+/// A key held as a device tensor is uint32 of shape (2,) per example (jax.random.key_data); anything
+/// else is an error naming `op`.
+template <Device D>
+void check_key_tensor(const Tensor<std::uint32_t, D>& key, const char* op) {
+  TG_CHECK(key.defined() && key.shape() == Shape{2}, op, "a key tensor must have shape (2,) (jax.random.key_data), got ",
+           key.defined() ? key.shape().str() : std::string("an undefined tensor"));
+}
+
 /// A draw of `shape` from a key tensor (uint32 (2,)); under tg::vmap a batch of keys draws each
 /// example's own values (and one key the same values for every example), as jax.random under jax.vmap.
 template <class T, class D, class Draw>
 Tensor<T, D> draw_from_key_tensor(const Tensor<std::uint32_t, D>& key, const Shape& shape, Draw draw, const char* op) {
-  TG_CHECK(key.defined() && key.shape() == Shape{2}, op, "a key tensor must have shape (2,) (jax.random.key_data), got ",
-           key.defined() ? key.shape().str() : std::string("an undefined tensor"));
+  check_key_tensor(key, op);
   if (::tg::detail::batched(key)) {
     const std::uint32_t lv = key.batch_levels();
     Tensor<T, D> t(::tg::detail::with_batch(lv, shape, op));
@@ -273,8 +280,7 @@ struct FoldInFn {
 /// step derives its per-site keys (dropout's) from the key it is given.
 template <Device D>
 Tensor<std::uint32_t, D> fold_in(const Tensor<std::uint32_t, D>& key, std::uint32_t data) {
-  TG_CHECK(key.defined() && key.shape() == Shape{2}, "random::fold_in", "a key tensor must have shape (2,) (jax.random.key_data), got ",
-           key.defined() ? key.shape().str() : std::string("an undefined tensor"));
+  detail::check_key_tensor(key, "random::fold_in");
   if (::tg::detail::batched(key)) {  // batching rule: a batch of keys, each folded
     const auto p = key.physical();
     Tensor<std::uint32_t, D> out(p.shape());

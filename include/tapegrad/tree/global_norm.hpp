@@ -24,9 +24,7 @@ TG_BEGIN_NAMESPACE
 template <class Tree>
 Tensor<float, tree_device_t<Tree>> global_norm(const Tree& tree) {
   using D = tree_device_t<Tree>;
-  std::uint32_t levels = 0;
-  tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) { levels |= leaf.batch_levels(); }, tree);
-  if (levels) {  // batching rule (jax.vmap(optax.global_norm)): each example's norm, one pass over each leaf
+  if (tree_batch_levels(tree)) {  // batching rule (jax.vmap(optax.global_norm)): each example's norm, one pass over each leaf
     Tensor<float, D> total = zeros<float, D>(Shape{});
     tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) {
       using T = typename std::remove_cvref_t<decltype(leaf)>::value_type;

@@ -191,6 +191,16 @@ Tree tree_map(F&& f, const Tree& tree, const Rest&... rest) {
   return out;
 }
 
+/// The tg::vmap levels any tensor leaf of the trees is batched at (0 outside vmap): what the batching
+/// rules of tree-wide operations (global_norm, the optimizers) test.
+template <class... Trees>
+std::uint32_t tree_batch_levels(const Trees&... trees) {
+  std::uint32_t levels = 0;
+  auto note = [&](std::size_t, const std::string&, const auto& leaf) { levels |= leaf.batch_levels(); };
+  (tree_for_each_tensor(note, trees), ...);
+  return levels;
+}
+
 /// Every leaf, in order, as AnyTensor (shared storage, not copies).
 template <class Tree>
 std::vector<AnyTensor> tree_leaves(const Tree& tree) {
