@@ -78,16 +78,19 @@ tg::Tensor<double, D> dinput(int seed, const tg::Shape& s, double scale = 1.0, d
   return rnd::normal<double, D>(rnd::key(seed), s) * scale + shift;
 }
 
-/// Checks grad of sum(op(a, b) * w) for fixed random weights w, so every output element matters
-/// differently, against finite differences in double.
+/// Checks the derivatives of sum(op(a, b) * w) for fixed random weights w, so every output element
+/// matters differently, against finite differences in double: to second order, in forward and reverse
+/// mode (grad, jvp, grad of grad, jvp of grad, grad of jvp, jvp of jvp), as JAX's tests check_grads(f,
+/// args, order=2).
 template <class Op>
 void check_op(const char* name, Op op, AB<double, D> p) {
   INFO("op " << name);
   const auto w = dinput(999, op(p.a, p.b).shape());
   auto f = [&](const AB<double, D>& q) { return tg::sum(tg::mul(op(q.a, q.b), w)); };
-  const auto r = tg::check_grads(f, p, tg::GradCheckOptions{.print = false});
+  const auto r = tg::check_grads(f, p, tg::GradCheckOptions{.order = 2, .modes = tg::fwd | tg::rev, .print = false});
   INFO(r);
   CHECK(r.passed);
+  CHECK(r.leaves.size() == 12);  // 2 leaves x (rev, fwd, and rev and fwd of each of those)
 }
 
 }  // namespace

@@ -28,6 +28,8 @@
 #include "tapegrad/tree/global_norm.hpp"
 #include "tapegrad/tree/pytree.hpp"
 #include "tapegrad/autodiff/grad.hpp"
+#include "tapegrad/autodiff/jvp.hpp"
+#include "tapegrad/autodiff/custom.hpp"
 #include "tapegrad/autodiff/vmap.hpp"
 #include "tapegrad/autodiff/check_grads.hpp"
 #include "tapegrad/autodiff/check_numerics.hpp"

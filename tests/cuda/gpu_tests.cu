@@ -8,4 +8,5 @@
 #include "../test_optim.cpp"
 #include "../test_compile.cpp"
 #include "../test_vmap.cpp"
+#include "../test_higher_order.cpp"
 #include "test_cuda_memory.cpp"

@@ -1,10 +1,12 @@
-// check_grads: reverse-mode gradients against central finite differences, leaf by leaf, reporting the
-// worst leaf by path (jax.test_util.check_grads for C++ tests).
+// check_grads: derivatives against central finite differences, leaf by leaf, reporting the worst leaf by
+// path: reverse mode (grad), forward mode (jvp) and, to any order, the derivatives of those derivatives
+// (jax.test_util.check_grads for C++ tests).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <ostream>
 #include <string>
@@ -14,9 +16,18 @@
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/autodiff/grad.hpp"
+#include "tapegrad/autodiff/jvp.hpp"
 #include "tapegrad/random/random.hpp"
 
 TG_BEGIN_NAMESPACE
+
+/// The modes check_grads compares (jax.test_util.check_grads's modes): tg::rev is grad (reverse mode),
+/// tg::fwd is jvp (forward mode); combine them with |.
+enum class GradMode : unsigned { fwd = 1, rev = 2 };
+constexpr GradMode operator|(GradMode a, GradMode b) { return GradMode(static_cast<unsigned>(a) | static_cast<unsigned>(b)); }
+constexpr bool has_mode(GradMode set, GradMode m) { return (static_cast<unsigned>(set) & static_cast<unsigned>(m)) != 0; }
+inline constexpr GradMode fwd = GradMode::fwd;
+inline constexpr GradMode rev = GradMode::rev;
 
 /// Settings of check_grads. The defaults suit double-precision functions; for float32 use a larger step
 /// (eps ~ 1e-3) and tolerance (rtol ~ 1e-2).
@@ -28,6 +39,8 @@ struct GradCheckOptions {
   std::int64_t max_elements = 256;     ///< leaves up to this size are checked element by element...
   int directions = 8;                  ///< ...larger ones along this many random directions
   std::uint32_t seed = 0;              ///< for the random directions
+  int order = 1;                       ///< 1: first derivatives; 2: also the derivatives of each mode's derivative; ...
+  GradMode modes = rev;                ///< which modes: tg::rev, tg::fwd or tg::fwd | tg::rev
   bool print = true;                   ///< print the summary line (and every failing leaf) to std::cout
 };
 
@@ -74,21 +87,60 @@ void set_leaf(Tree& tree, std::int64_t index, const std::vector<T>& v) {
   }, tree);
 }
 
-template <class F, class Params, class ArgsTuple>
-GradCheckResult check_grads_impl(F& f, const Params& params, ArgsTuple& args, const GradCheckOptions& o) {
+/// sum over the leaves of sum(a * b): a scalar of type T (traced where a is), to turn a derivative of
+/// parameters' type into a scalar function whose derivative is the next order's.
+template <class T, class Tree>
+auto tree_vdot(const Tree& a, const Tree& b) {
+  using D = tree_device_t<Tree>;
+  Tensor<T, D> total = zeros<T, D>(Shape{});
+  tree_for_each([&](const std::string&, const auto& x, const auto& y) {
+    using L = std::remove_cvref_t<decltype(x)>;
+    if constexpr (FloatElement<typename L::value_type>) total = add(total, cast<T>(sum(mul(x, y))));
+  }, a, b);
+  return total;
+}
+
+/// A tree like `params` of random normal leaves (a fixed direction for the higher orders).
+template <class Params>
+Params random_tree(const Params& params, std::uint32_t seed) {
+  Params r = params;
+  std::uint32_t i = 0;
+  tree_for_each([&](const std::string&, auto& leaf) {
+    using L = std::remove_cvref_t<decltype(leaf)>;
+    using T = typename L::value_type;
+    if constexpr (FloatElement<T>)
+      leaf = cast<T>(random::normal<double, typename L::device_type>(random::fold_in(random::key(seed), 7919 + i++), leaf.shape()));
+  }, r);
+  return r;
+}
+
+/// One mode's first derivatives of f against finite differences, appended to `result` (paths prefixed).
+template <class Loss, class Params>
+void check_first_order(const std::function<Loss(const Params&)>& f, const Params& params, const GradCheckOptions& o, GradMode mode,
+                       const std::string& prefix, GradCheckResult& result) {
   auto eval_exact = [&](const Params& p) {
-    return std::apply([&](auto&... a) {
-      const auto y = f(p, a...).item();
+    const auto y = f(p).item();
+    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(y)>, double>) return y;
+    else return static_cast<double>(static_cast<float>(y));
+  };
+  using LossT = typename Loss::value_type;
+  const double loss_epsilon = std::is_same_v<LossT, double> ? 0x1p-53 : std::is_same_v<LossT, float> ? 0x1p-24 : 0x1p-8;
+  // Reverse mode: the gradient, read element by element (or along directions). Forward mode: one jvp per
+  // element (or direction), each a backward pass over one linearisation.
+  Params grads = params;
+  std::function<double(const Params&)> directional;
+  if (mode == GradMode::rev) {
+    grads = grad(f)(params);
+  } else {
+    auto lin = linearize(f, params);
+    directional = [f_jvp = std::move(lin.second)](const Params& t) {
+      const auto y = f_jvp(t).item();
       if constexpr (std::is_same_v<std::remove_cvref_t<decltype(y)>, double>) return y;
       else return static_cast<double>(static_cast<float>(y));
-    }, args);
-  };
-  const auto value_and_grads = std::apply([&](auto&... a) { return value_and_grad(f)(params, a...); }, args);
-  const Params& grads = value_and_grads.second;
-  using LossT = typename std::remove_cvref_t<decltype(value_and_grads.first)>::value_type;
-  const double loss_epsilon = std::is_same_v<LossT, double> ? 0x1p-53 : std::is_same_v<LossT, float> ? 0x1p-24 : 0x1p-8;
+    };
+  }
+  const Params zero = tree_zeros_like(params);
 
-  GradCheckResult result;
   std::int64_t index = 0;
   tree_for_each([&](const std::string& path, const auto& leaf, const auto& g) {
     using L = std::remove_cvref_t<decltype(leaf)>;
@@ -96,9 +148,9 @@ GradCheckResult check_grads_impl(F& f, const Params& params, ArgsTuple& args, co
     const std::int64_t my_index = index++;
     if constexpr (FloatElement<T>) {
       LeafGradCheck c;
-      c.path = path;
+      c.path = prefix + path;
       const std::vector<T> base = leaf.to_vector();
-      const std::vector<T> gv = g.to_vector();
+      const std::vector<T> gv = mode == GradMode::rev ? g.to_vector() : std::vector<T>{};
       // A central difference of f evaluated in its dtype carries rounding noise of about
       // ulp(f) / step; the check allows noise_factor of those on top of the relative tolerance.
       auto measure = [&](double analytic, double f_up, double f_down) {
@@ -110,12 +162,20 @@ GradCheckResult check_grads_impl(F& f, const Params& params, ArgsTuple& args, co
           c.worst_ratio = ratio, c.worst_error = diff / std::max(scale, o.floor), c.analytic = analytic, c.numeric = numeric;
         ++c.checks;
       };
-      auto at = [&](const std::vector<double>& v) {
+      auto to_leaf = [&](const std::vector<double>& v) {
         std::vector<T> t(v.size());
         for (std::size_t i = 0; i < v.size(); ++i) t[i] = ::tg::detail::convert_to<T>(v[i]);
+        return t;
+      };
+      auto at = [&](const std::vector<double>& v) {
         Params p = params;
-        set_leaf(p, my_index, t);
+        set_leaf(p, my_index, to_leaf(v));
         return eval_exact(p);
+      };
+      auto along = [&](const std::vector<double>& dir) {  // the forward-mode derivative along dir (this leaf only)
+        Params t = zero;
+        set_leaf(t, my_index, to_leaf(dir));
+        return directional(t);
       };
       std::vector<double> x(base.size());
       for (std::size_t i = 0; i < base.size(); ++i) x[i] = static_cast<double>(static_cast<compute_t<T>>(base[i]));
@@ -124,7 +184,15 @@ GradCheckResult check_grads_impl(F& f, const Params& params, ArgsTuple& args, co
           std::vector<double> up = x, down = x;
           up[i] += o.eps;
           down[i] -= o.eps;
-          measure(static_cast<double>(static_cast<compute_t<T>>(gv[i])), at(up), at(down));
+          double analytic = 0.0;
+          if (mode == GradMode::rev) {
+            analytic = static_cast<double>(static_cast<compute_t<T>>(gv[i]));
+          } else {
+            std::vector<double> e(x.size(), 0.0);
+            e[i] = 1.0;
+            analytic = along(e);
+          }
+          measure(analytic, at(up), at(down));
         }
       } else {
         c.directional = true;
@@ -136,8 +204,9 @@ GradCheckResult check_grads_impl(F& f, const Params& params, ArgsTuple& args, co
           for (std::size_t i = 0; i < x.size(); ++i) {
             up[i] += o.eps * dir[i];
             down[i] -= o.eps * dir[i];
-            analytic += static_cast<double>(static_cast<compute_t<T>>(gv[i])) * dir[i];
+            if (mode == GradMode::rev) analytic += static_cast<double>(static_cast<compute_t<T>>(gv[i])) * dir[i];
           }
+          if (mode == GradMode::fwd) analytic = along(dir);
           measure(analytic, at(up), at(down));
         }
       }
@@ -145,6 +214,40 @@ GradCheckResult check_grads_impl(F& f, const Params& params, ArgsTuple& args, co
       result.leaves.push_back(c);
     }
   }, params, grads);
+}
+
+/// Every requested mode at this order, then (order > 1) the same checks, one order lower, of each mode's
+/// derivative along a fixed random direction r: <grad f(p), r> (reverse) and jvp(f, p, r) (forward), as
+/// jax.test_util.check_grads recurses.
+/// (One function type for every order: the recursion instantiates nothing new.)
+template <class Loss, class Params>
+void check_orders(const std::function<Loss(const Params&)>& f, const Params& params, const GradCheckOptions& o, int order,
+                  const std::string& prefix, GradCheckResult& result) {
+  for (GradMode mode : {GradMode::rev, GradMode::fwd})
+    if (has_mode(o.modes, mode)) check_first_order(f, params, o, mode, prefix + (mode == GradMode::rev ? "rev " : "fwd "), result);
+  if (order <= 1) return;
+  const Params r = random_tree(params, o.seed + 101u * static_cast<std::uint32_t>(order));
+  if (has_mode(o.modes, GradMode::rev)) {
+    const std::function<Loss(const Params&)> h = [&](const Params& p) { return tree_vdot<typename Loss::value_type>(grad(f)(p), r); };
+    check_orders(h, params, o, order - 1, prefix + "d(rev) ", result);
+  }
+  if (has_mode(o.modes, GradMode::fwd)) {
+    const std::function<Loss(const Params&)> h = [&](const Params& p) { return jvp(f, p, r).second; };
+    check_orders(h, params, o, order - 1, prefix + "d(fwd) ", result);
+  }
+}
+
+template <class F, class Params, class ArgsTuple>
+GradCheckResult check_grads_impl(F& f, const Params& params, ArgsTuple& args, const GradCheckOptions& o) {
+  using Loss = std::remove_cvref_t<decltype(std::apply([&](auto&... a) { return f(params, a...); }, args))>;
+  const std::function<Loss(const Params&)> g = [&](const Params& p) { return std::apply([&](auto&... a) { return f(p, a...); }, args); };
+  TG_CHECK(o.order >= 1, "check_grads", "order must be >= 1, got ", o.order);
+  TG_CHECK(has_mode(o.modes, GradMode::rev) || has_mode(o.modes, GradMode::fwd), "check_grads", "modes must name tg::rev, tg::fwd or both");
+  GradCheckResult result;
+  const bool one_mode_first_order = o.order == 1 && !has_mode(o.modes, GradMode::fwd);
+  check_orders(g, params, o, o.order, "", result);
+  if (one_mode_first_order)  // the reverse-only first-order check names leaves by their paths alone, as before
+    for (auto& c : result.leaves) c.path = c.path.substr(4);
   std::sort(result.leaves.begin(), result.leaves.end(),
             [](const LeafGradCheck& a, const LeafGradCheck& b) { return a.worst_ratio > b.worst_ratio; });
   if (o.print) {
@@ -161,7 +264,9 @@ GradCheckResult check_grads_impl(F& f, const Params& params, ArgsTuple& args, co
 
 /// Compares grad(f)(params, args...) with central finite differences in double precision: every element
 /// of small leaves, random directions for large ones. Pass GradCheckOptions as the last argument to
-/// change the step, tolerance or sampling. Returns the result (worst leaf first) and prints a summary.
+/// change the step, tolerance or sampling, and `order` / `modes` to check forward mode and higher orders
+/// as jax.test_util.check_grads(f, args, order, modes) does (leaves then named "rev w1", "fwd w1",
+/// "d(rev) fwd w1", ...). Returns the result (worst leaf first) and prints a summary.
 template <class F, class Params, class... Args>
 GradCheckResult check_grads(F f, const Params& params, Args&&... args) {
   if constexpr (sizeof...(Args) > 0 && detail::is_grad_check_options<std::tuple_element_t<sizeof...(Args) - 1, std::tuple<Args...>>>::value) {

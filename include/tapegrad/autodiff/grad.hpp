@@ -1,8 +1,12 @@
 // grad and value_and_grad: JAX's transforms over the tape. The gradients come back as the parameters'
-// own C++ type; has_aux lets the function return (loss, aux) with aux not differentiated.
+// own C++ type; has_aux lets the function return (loss, aux) with aux not differentiated; argnums picks
+// other arguments. Nested (grad of grad), they record on the enclosing transformation's tape.
 #pragma once
 
+#include <cstddef>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -39,27 +43,90 @@ X strip_traces(X x) {
   }
 }
 
+/// Gives every floating leaf of `tree` a fresh node on `tape` (the tape must be active). A leaf already
+/// traced on it (a transformation nested in another: grad of grad) is linked to its old node, so that an
+/// outer backward pass flows through. Inside tg::vmap every leaf is given each active batch axis first
+/// (as JAX's batched backward pass makes a shared parameter's cotangent batched), so the tape's walks,
+/// which run on the physical tensors, keep the examples apart.
+template <class Tree>
+void trace_leaves(Tape& tape, Tree& tree) {
+  const std::uint32_t levels = active_levels();
+  tree_for_each([&](const std::string&, auto& leaf) {
+    using L = std::remove_cvref_t<decltype(leaf)>;
+    using T = typename L::value_type;
+    using D = typename L::device_type;
+    if constexpr (FloatElement<T>) {
+      const Trace from = leaf.trace();
+      const bool linked = tape.holds(from);
+      if (linked && (levels & ~leaf.batch_levels())) leaf = materialize(leaf, levels | leaf.batch_levels());  // traced copies
+      else if (levels && leaf.batch_levels() == 0) leaf = L::broadcast_view(leaf.untraced(), levels, with_batch(levels, leaf.shape(), "value_and_grad"));
+      else if (levels & ~leaf.batch_levels()) leaf = materialize(leaf.untraced(), levels | leaf.batch_levels());
+      const Trace outer = leaf.trace();
+      const std::int64_t node = tape.new_node(leaf.physical_shape());
+      leaf.set_trace({tape.id(), node});
+      if (tape.holds(outer)) {
+        tape.use(outer);
+        tape.push([outer, node](Tape& t) {
+          const Tensor<T, D> dy = t.cotangent<T, D>(node);
+          if (dy.defined()) t.accumulate(outer, dy);
+        });
+      }
+    }
+  }, tree);
+}
+
+/// The tape a transformation records on: the active one when it is nested in another (so the outer one
+/// sees everything it does), else its own.
+class TransformTape {
+ public:
+  TransformTape() : outer_(active_tape) {
+    if (!outer_) own_.emplace();
+    first_node_ = tape().size();
+    first_entry_ = tape().entries();
+  }
+  Tape& tape() { return outer_ ? *outer_ : *own_; }
+  /// Nested in another transformation: its walks record, its results stay traced.
+  bool nested() const { return outer_ != nullptr; }
+  std::int64_t first_node() const { return first_node_; }
+  std::int64_t first_entry() const { return first_entry_; }
+  /// A value to hand back: traced when nested, else a plain tensor.
+  template <class X> X result(X x) const { return nested() ? std::move(x) : strip_traces(std::move(x)); }
+
+ private:
+  Tape* outer_;
+  std::optional<Tape> own_;
+  std::int64_t first_node_ = 0, first_entry_ = 0;
+};
+
+/// The cotangent of each leaf of `traced` after `walk`, as a tree of its type (zeros for a leaf nothing
+/// reached; physical and batched as the leaf is).
+template <class Tree>
+Tree gather_cotangents(const Walk& walk, const Tree& traced, bool keep_traces) {
+  Tree out = traced;
+  tree_for_each([&](const std::string&, auto& g, const auto& p) {
+    using L = std::remove_cvref_t<decltype(g)>;
+    using T = typename L::value_type;
+    using D = typename L::device_type;
+    L cot;
+    if constexpr (FloatElement<T>) cot = walk.cotangent<T, D>(p.trace().node);
+    if (cot.defined() && !keep_traces) cot = cot.untraced();
+    g = L::batched(cot.defined() ? cot : zeros<T, D>(p.physical_shape()), p.batch_levels());
+  }, out, traced);
+  return out;
+}
+
 /// Runs f on traced parameters, walks the tape back from the scalar output, and returns
 /// {output, gradients} (the output still (loss, aux) when Aux).
 template <bool Aux, class F, class Params, class... Args>
 auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
-  Tape tape;
+  TransformTape scope;
+  Tape& tape = scope.tape();
+  DepthScope depth(1);
   Params traced = params;
   using Out = std::remove_cvref_t<std::invoke_result_t<F&, const Params&, Args&&...>>;
   Out out = [&] {
     ActiveTape active(&tape);
-    // Inside tg::vmap the gradient is per example: every leaf is given each active batch axis first (as
-    // JAX's batched backward pass makes a shared parameter's cotangent batched), so the tape's backward
-    // walk, which runs on the physical tensors, keeps the examples apart.
-    const std::uint32_t levels = active_levels();
-    tree_for_each([&](const std::string&, auto& leaf) {
-      using L = std::remove_cvref_t<decltype(leaf)>;
-      if constexpr (FloatElement<typename L::value_type>) {
-        if (levels && leaf.batch_levels() == 0) leaf = L::broadcast_view(leaf.untraced(), levels, with_batch(levels, leaf.shape(), "value_and_grad"));
-        else if (levels & ~leaf.batch_levels()) leaf = materialize(leaf.untraced(), levels | leaf.batch_levels());
-        leaf.set_trace({tape.id(), tape.new_node(leaf.physical_shape())});
-      }
-    }, traced);
+    trace_leaves(tape, traced);
     return f(std::as_const(traced), std::forward<Args>(args)...);
   }();
 
@@ -74,21 +141,52 @@ auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
   TG_CHECK(loss.defined() && loss.rank() == 0, "value_and_grad", "the function must return a scalar (shape ()), got shape ",
            loss.defined() ? loss.shape().str() : std::string("<undefined>"), "; reduce it first, e.g. with tg::mean");
 
+  // Nested in another transformation, the walk records (its rules' ops are differentiated by the outer
+  // one); outermost, nothing is active during it and the rules run their fused kernels.
+  Walk walk(tape.size(), scope.first_node(), scope.nested());
   if (tape.owns(loss.trace())) {  // batched: a scalar per example, each seeded with 1
-    tape.accumulate(loss.trace(), ones<typename Loss::value_type, typename Loss::device_type>(loss.physical_shape()));
-    tape.backward();  // no tape is active: the backward rules record nothing
+    tape.accumulate_in(walk, loss.trace(), ones<typename Loss::value_type, typename Loss::device_type>(loss.physical_shape()));
+    tape.backward(walk, scope.first_entry(), tape.entries());
   }
-  Params grads = traced;
-  tree_for_each([&](const std::string&, auto& g, const auto& p) {
-    using L = std::remove_cvref_t<decltype(g)>;
-    using T = typename L::value_type;
-    using D = typename L::device_type;
-    L cot;
-    if constexpr (FloatElement<T>) cot = tape.cotangent<T, D>(p.trace().node);
-    // An unused leaf: zeros of its shape. The tape's cotangents are physical: batched as the leaf is.
-    g = L::batched(cot.defined() ? cot.untraced() : zeros<T, D>(p.physical_shape()), p.batch_levels());
-  }, grads, traced);
-  return std::pair{strip_traces(std::move(out)), std::move(grads)};
+  Params grads = gather_cotangents(walk, traced, scope.nested());
+  return std::pair{scope.result(std::move(out)), std::move(grads)};
+}
+
+/// f with the arguments I... gathered into one tuple, the first argument: how argnums differentiates
+/// several arguments (the tuple is a pytree).
+template <std::size_t... I>
+struct Argnums {};
+
+template <class F, std::size_t... I, class... Args>
+auto call_with_selected(F& f, const std::tuple<std::remove_cvref_t<std::tuple_element_t<I, std::tuple<Args...>>>...>& selected,
+                        std::tuple<Args...>& all) {
+  return [&]<std::size_t... J>(std::index_sequence<J...>) {
+    auto pick = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) -> decltype(auto) {
+      constexpr std::size_t pos = [] {
+        std::size_t p = 0, n = 0;
+        ((I == K ? (p = n, 0) : 0, ++n), ...);
+        return p;
+      }();
+      if constexpr (((I == K) || ...)) return static_cast<const std::remove_cvref_t<std::tuple_element_t<K, std::tuple<Args...>>>&>(std::get<pos>(selected));
+      else return static_cast<std::tuple_element_t<K, std::tuple<Args...>>&&>(std::get<K>(all));
+    };
+    return f(pick(std::integral_constant<std::size_t, J>{})...);
+  }(std::make_index_sequence<sizeof...(Args)>{});
+}
+
+/// value_and_grad with respect to arguments I...: {value, grads}, grads of the argument's type for one
+/// index, a std::tuple of them for several.
+template <bool Aux, std::size_t... I, class F, class... Args>
+auto value_and_grad_argnums(F& f, Args&&... args) {
+  static_assert(sizeof...(I) > 0, "tg::argnums<...>: name at least one argument");
+  static_assert(((I < sizeof...(Args)) && ...), "tg::argnums<...>: an index is past the last argument");
+  auto all = std::forward_as_tuple(std::forward<Args>(args)...);
+  using Selected = std::tuple<std::remove_cvref_t<std::tuple_element_t<I, std::tuple<Args...>>>...>;
+  const Selected selected{std::get<I>(all)...};
+  auto g = [&](const Selected& s) { return call_with_selected<F, I...>(f, s, all); };
+  auto [value, grads] = value_and_grad_impl<Aux>(g, selected);
+  if constexpr (sizeof...(I) == 1) return std::pair{std::move(value), std::get<0>(std::move(grads))};
+  else return std::pair{std::move(value), std::move(grads)};
 }
 
 }  // namespace detail
@@ -108,6 +206,30 @@ auto value_and_grad(F f, HasAux) {
   return [f](const auto& params, auto&&... args) mutable {
     return detail::value_and_grad_impl<true>(f, params, std::forward<decltype(args)>(args)...);
   };
+}
+
+/// Which arguments value_and_grad and grad differentiate (jax's argnums): tg::argnums<1> gives the
+/// gradient with respect to the second argument, tg::argnums<0, 2> a std::tuple of two.
+template <std::size_t... I>
+inline constexpr detail::Argnums<I...> argnums{};
+
+/// value_and_grad(f, tg::argnums<I...>)(args...) -> {value, grads}: grads of argument I's type (a tuple
+/// for several indices).
+template <class F, std::size_t... I>
+auto value_and_grad(F f, detail::Argnums<I...>) {
+  return [f](auto&&... args) mutable { return detail::value_and_grad_argnums<false, I...>(f, std::forward<decltype(args)>(args)...); };
+}
+
+/// value_and_grad(f, tg::argnums<I...>, tg::has_aux)(args...) -> {{value, aux}, grads}.
+template <class F, std::size_t... I>
+auto value_and_grad(F f, detail::Argnums<I...>, HasAux) {
+  return [f](auto&&... args) mutable { return detail::value_and_grad_argnums<true, I...>(f, std::forward<decltype(args)>(args)...); };
+}
+
+/// grad(f, tg::argnums<I...>)(args...) -> grads of argument I's type (a tuple for several indices).
+template <class F, std::size_t... I>
+auto grad(F f, detail::Argnums<I...>) {
+  return [f](auto&&... args) mutable { return detail::value_and_grad_argnums<false, I...>(f, std::forward<decltype(args)>(args)...).second; };
 }
 
 /// grad(f)(params, args...) -> grads, of params' type.

@@ -23,6 +23,10 @@ TG_HD inline float sqrt(float x) { return ::sqrtf(x); }
 TG_HD inline double sqrt(double x) { return ::sqrt(x); }
 TG_HD inline float erf(float x) { return ::erff(x); }
 TG_HD inline double erf(double x) { return ::erf(x); }
+TG_HD inline float sin(float x) { return ::sinf(x); }
+TG_HD inline double sin(double x) { return ::sin(x); }
+TG_HD inline float cos(float x) { return ::cosf(x); }
+TG_HD inline double cos(double x) { return ::cos(x); }
 TG_HD inline float abs(float x) { return ::fabsf(x); }
 TG_HD inline double abs(double x) { return ::fabs(x); }
 TG_HD inline float pow(float x, float p) { return ::powf(x, p); }
@@ -130,6 +134,19 @@ struct Clip {
   template <class C> TG_HD C backward(C x, C, C dy) const {
     return x > C(lo) && x < C(hi) ? dy : (x == C(lo) || x == C(hi) ? dy / C(2) : C(0));
   }
+};
+struct Sin {
+  template <class C> TG_HD C operator()(C x) const { return math::sin(x); }
+  template <class C> TG_HD C backward(C x, C, C dy) const { return dy * math::cos(x); }
+};
+struct Cos {
+  template <class C> TG_HD C operator()(C x) const { return math::cos(x); }
+  template <class C> TG_HD C backward(C x, C, C dy) const { return -dy * math::sin(x); }
+};
+/// The error function; d erf / dx = 2 / sqrt(pi) e^(-x^2).
+struct Erf {
+  template <class C> TG_HD C operator()(C x) const { return math::erf(x); }
+  template <class C> TG_HD C backward(C x, C, C dy) const { return dy * C(1.1283791670955126) * math::exp(-x * x); }
 };
 struct Square {
   template <class C> TG_HD C operator()(C x) const { return x * x; }

@@ -455,6 +455,20 @@ AttentionDims attention_dims(const Tensor<T, D>& q, const Tensor<T, D>& k, const
   return d;
 }
 
+/// mask_logits' cotangent: scaled where allowed, 0 where masked. Its own transpose, so it records itself
+/// when a backward pass records.
+template <FloatElement T, Device D>
+Tensor<T, D> mask_logits_transpose(const Tensor<T, D>& dout, const Tensor<std::uint8_t, D>& kept_mask, AttentionDims d) {
+  d.mask = kept_mask.defined() ? kept_mask.data() : nullptr;
+  Tensor<T, D> dlogits(dout.shape());
+  if (dlogits.size() > 0) index_map<D>(dlogits.size(), MaskLogitsFn<T, true>{dout.data(), dlogits.data(), d});
+  if (recording(dout))
+    record(dlogits, {dout.trace()}, [in = dout.trace(), kept_mask, d](Tape& t, const Tensor<T, D>& g) {
+      t.accumulate(in, mask_logits_transpose(g, kept_mask, d));
+    });
+  return dlogits;
+}
+
 /// The logits (B, N, T, S) scaled and masked, differentiable in `logits`.
 template <FloatElement T, Device D>
 Tensor<T, D> mask_logits(const Tensor<T, D>& logits, const Tensor<std::uint8_t, D>* mask, const AttentionDims& d) {
@@ -463,11 +477,7 @@ Tensor<T, D> mask_logits(const Tensor<T, D>& logits, const Tensor<std::uint8_t, 
   if (recording(logits)) {
     const Tensor<std::uint8_t, D> kept_mask = mask ? *mask : Tensor<std::uint8_t, D>{};
     record(out, {logits.trace()}, [in = logits.trace(), kept_mask, d](Tape& t, const Tensor<T, D>& dout) {
-      AttentionDims dd = d;
-      dd.mask = kept_mask.defined() ? kept_mask.data() : nullptr;
-      Tensor<T, D> dlogits(dout.shape());
-      if (dlogits.size() > 0) index_map<D>(dlogits.size(), MaskLogitsFn<T, true>{dout.data(), dlogits.data(), dd});
-      t.accumulate(in, dlogits);
+      t.accumulate(in, mask_logits_transpose(dout, kept_mask, d));
     });
   }
   return out;
@@ -607,8 +617,11 @@ Tensor<T, D> attention_impl(const Tensor<T, D>& q, const Tensor<T, D>& k, const 
   const AttentionDims d = attention_dims(q, k, v, mask, o, op);
   TG_CHECK(d.H <= attention_max_head_dim || o.implementation != AttentionImplementation::fused, op, "head_dim ", d.H, " is above the fused kernels' ",
            attention_max_head_dim, "; use implementation = AttentionImplementation::composed (or automatic)");
-  const bool fused = o.implementation == AttentionImplementation::fused ||
-                     (o.implementation == AttentionImplementation::automatic && d.H <= attention_max_head_dim && attention_fused_is_faster<D>(d));
+  // Under two differentiating transformations the composed form, whose ops are traced to any order.
+  const bool higher = higher_order() && (recording(q, k, v));
+  const bool fused = !higher && (o.implementation == AttentionImplementation::fused ||
+                                 (o.implementation == AttentionImplementation::automatic && d.H <= attention_max_head_dim &&
+                                  attention_fused_is_faster<D>(d)));
   return fused ? attention_fused(q, k, v, mask, d) : attention_composed(q, k, v, mask, d);
 }
 

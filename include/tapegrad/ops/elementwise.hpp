@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <typeinfo>
+#include <utility>
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/backend/eltwise.hpp"
@@ -138,7 +140,28 @@ struct SelectFn {
 
 }  // namespace detail
 
+template <Element T, Device D>
+Tensor<T, D> broadcast_to(const Tensor<T, D>& x, const Shape& shape);
+
 namespace detail {
+
+template <class Op, class T, class D>
+Tensor<T, D> unary_derivative(const Op& op, const Tensor<T, D>& x, const Tensor<T, D>& y, const Tensor<T, D>& dy, const char* name);
+template <class Op, class T, class D>
+std::pair<Tensor<T, D>, Tensor<T, D>> binary_derivative(const Op& op, const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& y,
+                                                        const Tensor<T, D>& dy, bool want_a, bool want_b, const char* name);
+
+/// sum_to (a broadcast's cotangent summed back to an input's shape) as an op: recorded when `g` is
+/// traced, its own cotangent broadcast again, so a recording backward pass can be differentiated.
+template <Element T, Device D>
+Tensor<T, D> reduce_to(const Tensor<T, D>& g, const Shape& shape) {
+  if (g.shape() == shape) return g;
+  Tensor<T, D> r = sum_to(g, shape);
+  if constexpr (FloatElement<T>) {
+    if (recording(g)) record(r, {g.trace()}, [in = g.trace(), s = g.shape()](Tape& t, const Tensor<T, D>& dy) { t.accumulate(in, broadcast_to(dy, s)); });
+  }
+  return r;
+}
 
 /// y = op(x) on n elements: a vendor kernel where the backend has one (backend/eltwise.hpp), else the functor.
 template <class Op, class T, class D>
@@ -169,9 +192,10 @@ auto map_unbatched(const Tensor<T, D>& x, Op op, const char* name) -> Tensor<std
     detail::unary_forward<Op, T, D>(x.size(), x.data(), y.data(), op);
     if constexpr (FloatElement<T> && detail::UnaryDifferentiable<Op, compute_t<T>>) {
       if (detail::recording(x)) {
-        detail::record(y, {x.trace()}, [in = x.trace(), x0 = x.untraced(), y0 = y.untraced(), op](detail::Tape& t, const Tensor<T, D>& dy) {
-          Tensor<T, D> dx(x0.shape());
-          detail::unary_backward<Op, T, D>(x0.size(), x0.data(), y0.data(), dy.data(), dx.data(), op);
+        detail::record_with_output(y, {x.trace()}, [in = x.trace(), x, op, name](detail::Tape& t, const Tensor<T, D>& dy, const Tensor<T, D>& y) {
+          if (t.records()) return t.accumulate(in, detail::unary_derivative(op, x, y, dy, name));  // higher order: traced
+          Tensor<T, D> dx(x.shape());
+          detail::unary_backward<Op, T, D>(x.size(), x.data(), y.data(), dy.data(), dx.data(), op);
           t.accumulate(in, dx);
         });
       }
@@ -194,18 +218,23 @@ auto map2_unbatched(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op, const c
   else detail::index_map<D>(y.size(), detail::BinaryFn<Op, T, R>{a.data(), b.data(), y.data(), op, index});
   if constexpr (std::is_same_v<R, T> && FloatElement<T> && detail::BinaryDifferentiable<Op, compute_t<T>>) {
     if (detail::recording(a, b)) {
-      detail::record(y, {a.trace(), b.trace()},
-                     [ta = a.trace(), tb = b.trace(), a0 = a.untraced(), b0 = b.untraced(), y0 = y.untraced(), op, index](
-                         detail::Tape& t, const Tensor<T, D>& dy) {
-                       auto side = [&](auto side_a) {
-                         Tensor<T, D> g(y0.shape());
-                         detail::index_map<D>(g.size(), detail::BinaryBackwardFn<Op, T, decltype(side_a)::value>{
-                                                            a0.data(), b0.data(), y0.data(), dy.data(), g.data(), op, index});
-                         return g;
-                       };
-                       if (t.owns(ta)) t.accumulate(ta, detail::sum_to(side(std::true_type{}), a0.shape()));
-                       if (t.owns(tb)) t.accumulate(tb, detail::sum_to(side(std::false_type{}), b0.shape()));
-                     });
+      detail::record_with_output(y, {a.trace(), b.trace()}, [ta = a.trace(), tb = b.trace(), a, b, op, index, name](
+                                                                 detail::Tape& t, const Tensor<T, D>& dy, const Tensor<T, D>& y) {
+        if (t.records()) {  // higher order: traced
+          auto [da, db] = detail::binary_derivative(op, a, b, y, dy, t.owns(ta), t.owns(tb), name);
+          if (da.defined()) t.accumulate(ta, detail::reduce_to(da, a.shape()));
+          if (db.defined()) t.accumulate(tb, detail::reduce_to(db, b.shape()));
+          return;
+        }
+        auto side = [&](auto side_a) {
+          Tensor<T, D> g(y.shape());
+          detail::index_map<D>(g.size(), detail::BinaryBackwardFn<Op, T, decltype(side_a)::value>{a.data(), b.data(), y.data(), dy.data(),
+                                                                                                  g.data(), op, index});
+          return g;
+        };
+        if (t.owns(ta)) t.accumulate(ta, detail::sum_to(side(std::true_type{}), a.shape()));
+        if (t.owns(tb)) t.accumulate(tb, detail::sum_to(side(std::false_type{}), b.shape()));
+      });
     }
   }
   return y;
@@ -244,6 +273,9 @@ TG_UNARY_OP(sigmoid, Sigmoid)
 #define TG_ACTIVATION_OP(name, Functor) TG_UNARY_OP(name, Functor)
 TG_ACTIVATIONS(TG_ACTIVATION_OP)  // relu, gelu, gelu_exact, ...: one op per row of math/activation.hpp
 #undef TG_ACTIVATION_OP
+TG_UNARY_OP(sin, Sin)
+TG_UNARY_OP(cos, Cos)
+TG_UNARY_OP(erf, Erf)
 TG_UNARY_OP(square, Square)
 TG_UNARY_OP(sqrt, Sqrt)
 TG_UNARY_OP(rsqrt, Rsqrt)
@@ -285,6 +317,116 @@ TG_BINARY_OP(minimum, Minimum, Element)
 #undef TG_BINARY_OP
 
 namespace detail {
+
+/// f'(x) of a functor as a value (op.backward with dy = 1): for piecewise-linear functors, whose
+/// derivative is a constant of x wherever it exists, so a traced backward pass multiplies by it.
+template <class Op>
+struct SlopeFn {
+  Op op;
+  template <class C> TG_HD C operator()(C x) const { return op.backward(x, op(x), C(1)); }
+};
+template <class Op, bool SideA>
+struct BinarySlopeFn {
+  Op op;
+  template <class C> TG_HD C operator()(C a, C b) const {
+    return SideA ? op.backward_a(a, b, op(a, b), C(1)) : op.backward_b(a, b, op(a, b), C(1));
+  }
+};
+
+/// Functors whose derivative is piecewise constant (second derivative 0 wherever it exists).
+template <class Op> inline constexpr bool piecewise_linear = false;
+template <> inline constexpr bool piecewise_linear<fn::Neg> = true;
+template <> inline constexpr bool piecewise_linear<fn::Relu> = true;
+template <> inline constexpr bool piecewise_linear<fn::Clip> = true;
+template <> inline constexpr bool piecewise_linear<fn::Abs> = true;
+template <> inline constexpr bool piecewise_linear<fn::Add> = true;
+template <> inline constexpr bool piecewise_linear<fn::AddScaled> = true;
+template <> inline constexpr bool piecewise_linear<fn::Sub> = true;
+template <> inline constexpr bool piecewise_linear<fn::Maximum> = true;
+template <> inline constexpr bool piecewise_linear<fn::Minimum> = true;
+// With a scalar operand: s * x and x / s are linear in x too; s / x is not.
+template <class Op, bool L> inline constexpr bool piecewise_linear<WithScalar<Op, L>> =
+    piecewise_linear<Op> || std::is_same_v<Op, fn::Mul> || (std::is_same_v<Op, fn::Div> && !L);
+
+/// The traced derivatives of the functors that are not piecewise linear: dx = dy * f'(x) in ops, so a
+/// recorded backward pass can be differentiated again (they use y = f(x), traced, where f' reads it).
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Exp, const Tensor<T, D>&, const Tensor<T, D>& y, const Tensor<T, D>& dy) { return dy * y; }
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Log, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) { return dy / x; }
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Tanh, const Tensor<T, D>&, const Tensor<T, D>& y, const Tensor<T, D>& dy) { return dy * (1.0 - y * y); }
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Sigmoid, const Tensor<T, D>&, const Tensor<T, D>& y, const Tensor<T, D>& dy) { return dy * y * (1.0 - y); }
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Sin, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) { return dy * cos(x); }
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Cos, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) { return -(dy * sin(x)); }
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Erf, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) {
+  return dy * (1.1283791670955126 * exp(-(x * x)));
+}
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Square, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) { return dy * (2.0 * x); }
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Sqrt, const Tensor<T, D>&, const Tensor<T, D>& y, const Tensor<T, D>& dy) { return dy / (2.0 * y); }
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Rsqrt, const Tensor<T, D>& x, const Tensor<T, D>& y, const Tensor<T, D>& dy) { return dy * (-0.5 * y / x); }
+template <class T, class D> Tensor<T, D> unary_derivative(fn::PowScalar op, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) {
+  return op.p == 0.0 ? dy * 0.0 : dy * (op.p * pow(x, op.p - 1.0));
+}
+// GELU (tanh form) as the functor computes it: x s with s = sigmoid(2u), u = k0 (x + k1 x^3).
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Gelu, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) {
+  const auto x2 = x * x;
+  const auto s = sigmoid((2 * fn::Gelu::k0) * (x + fn::Gelu::k1 * x2 * x));
+  const auto du = fn::Gelu::k0 * (1.0 + (3 * fn::Gelu::k1) * x2);
+  return dy * (s + 2.0 * x * s * (1.0 - s) * du);
+}
+template <class T, class D> Tensor<T, D> unary_derivative(fn::GeluExact, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) {
+  const auto cdf = 0.5 * (1.0 + erf(x * 0.7071067811865476));
+  const auto pdf = 0.3989422804014327 * exp(-0.5 * (x * x));
+  return dy * (cdf + x * pdf);
+}
+template <class T, class D> Tensor<T, D> unary_derivative(fn::Silu, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) {
+  const auto s = sigmoid(x);
+  return dy * s * (1.0 + x * (1.0 - s));
+}
+template <class Op, bool L, class T, class D>
+  requires(!piecewise_linear<WithScalar<Op, L>>)
+Tensor<T, D> unary_derivative(WithScalar<Op, L>, const Tensor<T, D>& x, const Tensor<T, D>& y, const Tensor<T, D>& dy) {
+  static_assert(std::is_same_v<Op, fn::Div> && L, "a scalar form without a traced derivative");
+  return -(dy * y / x);  // d (s / x) / dx = -s / x^2 = -y / x
+}
+
+/// The traced dx of y = op(x) (a recording backward pass): dy times the constant slope of a piecewise-
+/// linear functor, the table above for the others; a functor in neither (a user's own) cannot be
+/// differentiated twice, which is an error naming the op.
+template <class Op, class T, class D>
+Tensor<T, D> unary_derivative(const Op& op, const Tensor<T, D>& x, const Tensor<T, D>& y, const Tensor<T, D>& dy, const char* name) {
+  if constexpr (piecewise_linear<Op>) {
+    return dy * map_unbatched<SlopeFn<Op>, void>(x.untraced(), SlopeFn<Op>{op}, name);
+  } else if constexpr (requires { unary_derivative(op, x, y, dy); }) {
+    return unary_derivative(op, x, y, dy);
+  } else {
+    fail(name, "has no higher-order derivative: its functor ", typeid(Op).name(),
+         " has no traced derivative; give it an overload of tg::detail::unary_derivative, or use tg::custom_vjp");
+  }
+}
+
+/// The traced cotangents of y = op(a, b) at the result's shape (summed back by the caller), each only
+/// where wanted.
+template <class Op, class T, class D>
+std::pair<Tensor<T, D>, Tensor<T, D>> binary_derivative(const Op& op, const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& y,
+                                                        const Tensor<T, D>& dy, bool want_a, bool want_b, const char* name) {
+  Tensor<T, D> da, db;
+  if constexpr (piecewise_linear<Op>) {
+    if (want_a) da = dy * map2_unbatched<BinarySlopeFn<Op, true>, void>(a.untraced(), b.untraced(), BinarySlopeFn<Op, true>{op}, name);
+    if (want_b) db = dy * map2_unbatched<BinarySlopeFn<Op, false>, void>(a.untraced(), b.untraced(), BinarySlopeFn<Op, false>{op}, name);
+  } else if constexpr (std::is_same_v<Op, fn::Mul>) {
+    if (want_a) da = dy * b;
+    if (want_b) db = dy * a;
+  } else if constexpr (std::is_same_v<Op, fn::Div>) {
+    if (want_a) da = dy / b;
+    if (want_b) db = -(dy * y / b);
+  } else {
+    fail(name, "has no higher-order derivative: its functor ", typeid(Op).name(), " has no traced derivative; use tg::custom_vjp for it");
+  }
+  // A side broadcast to the result's shape keeps the result's shape here.
+  if (da.defined() && da.shape() != y.shape()) da = broadcast_to(da, y.shape());
+  if (db.defined() && db.shape() != y.shape()) db = broadcast_to(db, y.shape());
+  return {da, db};
+}
+
 /// The tape's sum of two cotangents of one value (declared by core/tape.hpp): add.
 template <Element T, Device D>
 struct AddCotangents {
@@ -347,13 +489,31 @@ Tensor<T, D> where(const Tensor<std::uint8_t, D>& cond, const Tensor<T, D>& a, c
       detail::record(y, {a.trace(), b.trace()},
                      [ta = a.trace(), tb = b.trace(), sa = a.shape(), sb = b.shape(), c = cond](detail::Tape& t, const Tensor<T, D>& dy) {
                        const auto zero = zeros<T, D>(Shape{});
-                       if (t.owns(ta)) t.accumulate(ta, detail::sum_to(where(c, dy, zero), sa));
-                       if (t.owns(tb)) t.accumulate(tb, detail::sum_to(where(c, zero, dy), sb));
+                       if (t.owns(ta)) t.accumulate(ta, detail::reduce_to(where(c, dy, zero), sa));
+                       if (t.owns(tb)) t.accumulate(tb, detail::reduce_to(where(c, zero, dy), sb));
                      });
     }
   }
   return y;
 }
+
+namespace detail {
+/// broadcast_to on an unbatched tensor (its batching rule calls this, as map's calls map_unbatched).
+template <Element T, Device D>
+Tensor<T, D> broadcast_unbatched(const Tensor<T, D>& x, const Shape& shape) {
+  check_defined(x, "broadcast_to");
+  const Shape out = broadcast_shapes(x.shape(), shape, "broadcast_to");
+  TG_CHECK(out == shape, "broadcast_to", "cannot broadcast ", x.shape().str(), " to ", shape.str());
+  const Shape* in[1] = {&x.shape()};
+  Tensor<T, D> y(out);
+  if (x.size() == 1) index_map<D>(y.size(), BroadcastScalarFn<T>{x.data(), y.data()});
+  else index_map<D>(y.size(), BroadcastCopyFn<T>{x.data(), y.data(), BroadcastIndex<1>(out, in)});
+  if constexpr (FloatElement<T>) {
+    if (recording(x)) record(y, {x.trace()}, [in = x.trace(), s = x.shape()](Tape& t, const Tensor<T, D>& dy) { t.accumulate(in, reduce_to(dy, s)); });
+  }
+  return y;
+}
+}  // namespace detail
 
 /// `x` expanded to `shape` by NumPy broadcasting (a copy); the cotangent sums back.
 template <Element T, Device D>
@@ -361,23 +521,9 @@ Tensor<T, D> broadcast_to(const Tensor<T, D>& x, const Shape& shape) {
   if (detail::batched(x)) {  // batching rule: each example to `shape`
     const std::uint32_t lv = x.batch_levels();
     TG_CHECK(x.rank() <= shape.rank(), "broadcast_to", "cannot broadcast ", x.shape().str(), " to ", shape.str());
-    return detail::as_batched(broadcast_to(detail::aligned(x, lv, shape.rank()), detail::with_batch(lv, shape, "broadcast_to")), lv);
+    return detail::as_batched(detail::broadcast_unbatched(detail::aligned(x, lv, shape.rank()), detail::with_batch(lv, shape, "broadcast_to")), lv);
   }
-  detail::check_defined(x, "broadcast_to");
-  const Shape out = detail::broadcast_shapes(x.shape(), shape, "broadcast_to");
-  TG_CHECK(out == shape, "broadcast_to", "cannot broadcast ", x.shape().str(), " to ", shape.str());
-  const Shape* in[1] = {&x.shape()};
-  Tensor<T, D> y(out);
-  if (x.size() == 1) detail::index_map<D>(y.size(), detail::BroadcastScalarFn<T>{x.data(), y.data()});
-  else detail::index_map<D>(y.size(), detail::BroadcastCopyFn<T>{x.data(), y.data(), detail::BroadcastIndex<1>(out, in)});
-  if constexpr (FloatElement<T>) {
-    if (detail::recording(x)) {
-      detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape()](detail::Tape& t, const Tensor<T, D>& dy) {
-        t.accumulate(in, detail::sum_to(dy, s));
-      });
-    }
-  }
-  return y;
+  return detail::broadcast_unbatched(x, shape);
 }
 
 /// The elements converted to U (to bf16: round to nearest even). Casting to the same type shares storage.

@@ -337,6 +337,20 @@ Tensor<T, D> swapaxes(const Tensor<T, D>& x, int a, int b) {
 namespace detail {
 
 template <Element T, Device D>
+Tensor<T, D> slice_impl(const Tensor<T, D>& x, std::int64_t start, std::int64_t len, std::int64_t step, int axis);
+
+/// A slice's cotangent placed back into zeros of the input's shape `s`: an op of its own (linear, its
+/// cotangent the slice again), recorded when a backward pass records.
+template <Element T, Device D>
+Tensor<T, D> slice_transpose(const Tensor<T, D>& dy, const Shape& s, AxisView v, std::int64_t len, std::int64_t start, std::int64_t step, int axis) {
+  Tensor<T, D> dx(s);
+  rows_or_elements<D>(dx.size(), v.inner, SliceBackwardFn<T>{dy.data(), dx.data(), v.n, len, v.inner, start, step});
+  if (recording(dy))
+    record(dx, {dy.trace()}, [in = dy.trace(), len, start, step, axis](Tape& t, const Tensor<T, D>& g) { t.accumulate(in, slice_impl(g, start, len, step, axis)); });
+  return dx;
+}
+
+template <Element T, Device D>
 Tensor<T, D> slice_impl(const Tensor<T, D>& x, std::int64_t start, std::int64_t len, std::int64_t step, int axis) {
   if (batched(x))  // batching rule: the axis past the batch axes
     return as_batched(slice_impl(x.physical(), start, len, step, axis + batch_rank(x.batch_levels())), x.batch_levels());
@@ -347,10 +361,8 @@ Tensor<T, D> slice_impl(const Tensor<T, D>& x, std::int64_t start, std::int64_t 
   rows_or_elements<D>(y.size(), v.inner, SliceFn<T>{x.data(), y.data(), v.n, len, v.inner, start, step});
   if constexpr (FloatElement<T>) {
     if (recording(x)) {
-      record(y, {x.trace()}, [in = x.trace(), s = x.shape(), v, len, start, step](Tape& t, const Tensor<T, D>& dy) {
-        Tensor<T, D> dx(s);
-        rows_or_elements<D>(dx.size(), v.inner, SliceBackwardFn<T>{dy.data(), dx.data(), v.n, len, v.inner, start, step});
-        t.accumulate(in, dx);
+      record(y, {x.trace()}, [in = x.trace(), s = x.shape(), v, len, start, step, axis](Tape& t, const Tensor<T, D>& dy) {
+        t.accumulate(in, slice_transpose(dy, s, v, len, start, step, axis));
       });
     }
   }
@@ -451,6 +463,25 @@ Tensor<T, D> take_batched(const Tensor<T, D>& x, const Tensor<std::int32_t, D>& 
 }
 }  // namespace detail
 
+template <FloatElement T, Device D>
+Tensor<T, D> take(const Tensor<T, D>& x, const Tensor<std::int32_t, D>& indices, int axis);
+
+namespace detail {
+/// take's cotangent added back into zeros of the table's shape `s` (a scatter-add): an op of its own
+/// (linear, its cotangent a take again), recorded when a backward pass records.
+template <FloatElement T, Device D>
+Tensor<T, D> take_transpose(const Tensor<T, D>& dy, const Shape& s, const Tensor<std::int32_t, D>& idx, AxisView v, std::int64_t m, int axis) {
+  Tensor<T, D> dx(s);
+  if (dx.size() > 0) {
+    Tensor<std::int32_t, D> inverse(Shape{2 * v.n + 1 + m});
+    index_map<D>(1, TakeInverseFn{idx.data(), v.n, m, inverse.data()}, m + v.n);
+    rows_or_elements<D>(dx.size(), v.inner, TakeBackwardFn<T>{dy.data(), inverse.data(), dx.data(), v.n, m, v.inner});
+  }
+  if (recording(dy)) record(dx, {dy.trace()}, [in = dy.trace(), idx, axis](Tape& t, const Tensor<T, D>& g) { t.accumulate(in, take(g, idx, axis)); });
+  return dx;
+}
+}  // namespace detail
+
 /// x at `indices` (int32, any shape) along `axis`, as jnp.take(x, indices, axis): the result's shape is
 /// x's with that axis replaced by the indices' shape. Negative indices count from the end; an index out
 /// of range gives NaN (jnp.take's default mode "fill"). Repeated indices add their cotangents.
@@ -472,14 +503,8 @@ Tensor<T, D> take(const Tensor<T, D>& x, const Tensor<std::int32_t, D>& indices,
   Tensor<T, D> y{Shape(dims)};
   detail::rows_or_elements<D>(y.size(), v.inner, detail::TakeFn<T>{x.data(), indices.data(), y.data(), v.n, m, v.inner});
   if (detail::recording(x)) {
-    detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape(), idx = indices, v, m](detail::Tape& t, const Tensor<T, D>& dy) {
-      Tensor<T, D> dx(s);
-      if (dx.size() > 0) {
-        Tensor<std::int32_t, D> inverse(Shape{2 * v.n + 1 + m});
-        detail::index_map<D>(1, detail::TakeInverseFn{idx.data(), v.n, m, inverse.data()}, m + v.n);
-        detail::rows_or_elements<D>(dx.size(), v.inner, detail::TakeBackwardFn<T>{dy.data(), inverse.data(), dx.data(), v.n, m, v.inner});
-      }
-      t.accumulate(in, dx);
+    detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape(), idx = indices, v, m, a](detail::Tape& t, const Tensor<T, D>& dy) {
+      t.accumulate(in, detail::take_transpose(dy, s, idx, v, m, a));
     });
   }
   return y;

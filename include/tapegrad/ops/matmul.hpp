@@ -133,10 +133,10 @@ template <FloatElement T, Device D>
 Tensor<T, D> bmm(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb) {
   Tensor<T, D> c = batched_gemm(a, b, ta, tb);
   if (recording(a, b)) {
-    record(c, {a.trace(), b.trace()}, [xa = a.trace(), xb = b.trace(), a0 = a.untraced(), b0 = b.untraced(), ta, tb](
-                                          Tape& t, const Tensor<T, D>& dc) {
-      if (t.owns(xa)) t.accumulate(xa, ta ? bmm(b0, dc, tb, true) : bmm(dc, b0, false, !tb));
-      if (t.owns(xb)) t.accumulate(xb, tb ? bmm(dc, a0, true, ta) : bmm(a0, dc, !ta, false));
+    // a and b kept traced: a recording backward pass differentiates these GEMMs again.
+    record(c, {a.trace(), b.trace()}, [xa = a.trace(), xb = b.trace(), a, b, ta, tb](Tape& t, const Tensor<T, D>& dc) {
+      if (t.owns(xa)) t.accumulate(xa, ta ? bmm(b, dc, tb, true) : bmm(dc, b, false, !tb));
+      if (t.owns(xb)) t.accumulate(xb, tb ? bmm(dc, a, true, ta) : bmm(a, dc, !ta, false));
     });
   }
   return c;
@@ -223,7 +223,8 @@ Tensor<T, D> matmul(const Tensor<T, D>& a, const Tensor<T, D>& b, bool transpose
              " (per example, inside tg::vmap); reshape a vector to (1, k) or (k, 1)");
     const std::uint32_t lv = detail::levels_of(a, b);
     const int r = std::max(a.rank(), b.rank());
-    if (b.is_broadcast_view() && b.rank() == 2 && !transpose_a && !transpose_b && !a.is_broadcast_view() && a.batch_levels() == lv)
+    if (b.is_broadcast_view() && b.rank() == 2 && !transpose_a && !transpose_b && !a.is_broadcast_view() && a.batch_levels() == lv &&
+        !detail::higher_order())
       return detail::linear_shared_weights(a, b, static_cast<const Tensor<T, D>*>(nullptr), Activation::none, "matmul");
     // An unbatched b of rank 2 stays as it is: the examples fold into the rows of one GEMM.
     return detail::as_batched(detail::matmul_nd(detail::aligned(a, lv, r), detail::aligned(b, lv, r), transpose_a, transpose_b), lv);
@@ -232,14 +233,11 @@ Tensor<T, D> matmul(const Tensor<T, D>& a, const Tensor<T, D>& b, bool transpose
   Tensor<T, D> c = detail::gemm(a.untraced(), b.untraced(), transpose_a, transpose_b, nullptr, Activation::none, nullptr, "matmul");
   if (detail::recording(a, b)) {
     // C = op(A) op(B): dA = dC op(B)^T (transposed back if A was), dB = op(A)^T dC (likewise).
-    detail::record(c, {a.trace(), b.trace()},
-                   [ta = a.trace(), tb = b.trace(), a0 = a.untraced(), b0 = b.untraced(), transpose_a, transpose_b](
-                       detail::Tape& t, const Tensor<T, D>& dc) {
-                     if (t.owns(ta))
-                       t.accumulate(ta, transpose_a ? matmul(b0, dc, transpose_b, true) : matmul(dc, b0, false, !transpose_b));
-                     if (t.owns(tb))
-                       t.accumulate(tb, transpose_b ? matmul(dc, a0, true, transpose_a) : matmul(a0, dc, !transpose_a, false));
-                   });
+    // a and b kept traced: a recording backward pass differentiates these GEMMs again.
+    detail::record(c, {a.trace(), b.trace()}, [ta = a.trace(), tb = b.trace(), a, b, transpose_a, transpose_b](detail::Tape& t, const Tensor<T, D>& dc) {
+      if (t.owns(ta)) t.accumulate(ta, transpose_a ? matmul(b, dc, transpose_b, true) : matmul(dc, b, false, !transpose_b));
+      if (t.owns(tb)) t.accumulate(tb, transpose_b ? matmul(dc, a, true, transpose_a) : matmul(a, dc, !transpose_a, false));
+    });
   }
   return c;
 }
@@ -261,6 +259,17 @@ std::pair<Tensor<T, D>, Tensor<T, D>> linear_with_pre_activation(const Tensor<T,
 /// to fuse with that layer's act' (DGELU_BGRAD).
 template <FloatElement T, Device D>
 Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>& b, Activation act = Activation::none) {
+  if (detail::higher_order() && detail::recording(x, w, b)) {
+    // Under two differentiating transformations (grad of grad, jvp): the layer as its primitives, whose
+    // backward rules are traced to any order (the fused rule below computes act' in a kernel).
+    detail::check_defined(x, "linear"), detail::check_defined(w, "linear"), detail::check_defined(b, "linear");
+    TG_CHECK(x.rank() >= 1 && w.rank() == 2 && b.rank() == 1 && x.dim(-1) == w.dim(0) && b.dim(0) == w.dim(1), "linear",
+             "needs x (..., in), w (in, out), b (out,), got ", x.shape().str(), ", ", w.shape().str(), " and ", b.shape().str());
+    std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
+    dims.push_back(w.dim(1));
+    const Tensor<T, D> x2 = x.rank() == 1 ? x.reshape({1, x.dim(0)}) : x;
+    return detail::activate(add(matmul(x2, w), b), act).reshape(Shape(dims));
+  }
   if (detail::batched(x, w, b)) {  // batching rule
     detail::check_defined(x, "linear"), detail::check_defined(w, "linear"), detail::check_defined(b, "linear");
     TG_CHECK(x.rank() >= 1 && w.rank() == 2 && b.rank() == 1 && x.dim(-1) == w.dim(0) && b.dim(0) == w.dim(1), "linear",

@@ -96,6 +96,9 @@ void check_logits_labels(const Tensor<T, D>& logits, const Tensor<std::int32_t, 
 
 }  // namespace detail
 
+template <FloatElement T, Device D>
+Tensor<T, D> one_hot(const Tensor<std::int32_t, D>& labels, std::int64_t num_classes);
+
 /// Per-example -log softmax(logits)[label], fused and stable: logits (..., C), int32 labels (...) -> (...).
 /// As optax.softmax_cross_entropy_with_integer_labels. A label outside [0, C) is an error.
 template <FloatElement T, Device D>
@@ -112,8 +115,12 @@ Tensor<T, D> softmax_cross_entropy_with_integer_labels(const Tensor<T, D>& logit
   Tensor<T, D> loss(labels.shape());
   detail::index_map<D>(labels.size(), detail::SoftmaxCrossEntropyFn<T>{logits.data(), labels.data(), loss.data(), n}, 8 * n);
   if (detail::recording(logits)) {
-    detail::record(loss, {logits.trace()}, [in = logits.trace(), x0 = logits.untraced(), y = labels, n](
-                                               detail::Tape& t, const Tensor<T, D>& dloss) {
+    detail::record(loss, {logits.trace()}, [in = logits.trace(), x0 = logits, y = labels, n](detail::Tape& t, const Tensor<T, D>& dloss) {
+      if (t.records()) {  // higher order: (softmax(x) - one_hot(y)) dloss in traced ops
+        std::vector<std::int64_t> d(dloss.shape().dims().begin(), dloss.shape().dims().end());
+        d.push_back(1);
+        return t.accumulate(in, mul(sub(softmax(x0), one_hot<T>(y, n)), broadcast_to(dloss.reshape(Shape(d)), x0.shape())));
+      }
       Tensor<T, D> dx(x0.shape());
       detail::index_map<D>(y.size(), detail::SoftmaxCrossEntropyBackwardFn<T>{x0.data(), y.data(), dloss.data(), dx.data(), n}, 16 * n);
       t.accumulate(in, dx);
@@ -276,12 +283,9 @@ Tensor<T, D> dropout_impl(random::Key key, const Tensor<std::uint32_t, D>* key_d
   if (recording(x)) {
     // Linear in x: the cotangent goes through the same mask, drawn again from the key.
     Tensor<std::uint32_t, D> kept_key = key_data ? *key_data : Tensor<std::uint32_t, D>{};
-    record(y, {x.trace()}, [in = x.trace(), key, kept_key, keep, per_example, key_per_example](Tape& t, const Tensor<T, D>& dy) {
-      Tensor<T, D> dx(dy.shape());
-      if (dx.size() > 0)
-        dropout_kernel<T, D>(dx.size(), DropoutFn<T>{dy.data(), dx.data(), key, kept_key.defined() ? kept_key.data() : nullptr, keep},
-                             per_example, key_per_example);
-      t.accumulate(in, dx);
+    // dropout_impl of dy is that: an op of its own, recorded when a backward pass records.
+    record(y, {x.trace()}, [in = x.trace(), key, kept_key, rate, per_example, key_per_example](Tape& t, const Tensor<T, D>& dy) {
+      t.accumulate(in, dropout_impl<T, D>(key, kept_key.defined() ? &kept_key : nullptr, dy, rate, per_example, key_per_example));
     });
   }
   return y;
@@ -307,6 +311,13 @@ Tensor<T, D> layer_norm(const Tensor<T, D>& x, const Tensor<T, D>& scale, const 
   TG_CHECK(scale.shape() == Shape{n} && bias.shape() == Shape{n}, op, "scale and bias must have shape (", n, ",) for x of shape ",
            x.shape().str(), ", got ", scale.shape().str(), " and ", bias.shape().str());
   TG_CHECK(eps > 0.0, op, "eps must be > 0, got ", eps);
+  if (detail::higher_order() && detail::recording(x, scale, bias)) {
+    // Under two differentiating transformations: the normalisation as its primitives (traced to any
+    // order), in T.
+    const auto centred = sub(x, broadcast_to(tg::mean(x, -1, true), x.shape()));
+    const auto var = tg::mean(mul(centred, centred), -1, true);
+    return add(mul(mul(centred, broadcast_to(rsqrt(add(var, eps)), x.shape())), scale), bias);
+  }
   if (detail::batched(x, scale, bias)) {  // batching rule: rows; per-example scale and bias apply after
     const Tensor<T, D> px = detail::materialize(x, detail::levels_of(x)).physical();
     if (!detail::batched(scale, bias)) return detail::as_batched(layer_norm(px, scale, bias, eps), x.batch_levels());

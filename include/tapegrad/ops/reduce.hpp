@@ -273,9 +273,9 @@ Tensor<T, D> logsumexp(const Tensor<T, D>& x, int axis, bool keepdims = false) {
   detail::index_map<D>(y.size(), detail::LogSumExpAxisFn<T, T>{x.data(), y.data(), v.n, v.inner});
   if (detail::recording(x)) {
     // d logsumexp / dx = softmax(x) along the axis.
-    detail::record(y, {x.trace()}, [in = x.trace(), x0 = x.untraced(), y0 = y.untraced(), a](detail::Tape& t, const Tensor<T, D>& dy) {
-      const auto p = exp(sub(x0, detail::expand_reduced(y0, x0.shape(), a)));
-      t.accumulate(in, mul(detail::expand_reduced(dy, x0.shape(), a), p));
+    detail::record_with_output(y, {x.trace()}, [in = x.trace(), x, a](detail::Tape& t, const Tensor<T, D>& dy, const Tensor<T, D>& y) {
+      const auto p = exp(sub(x, detail::expand_reduced(y, x.shape(), a)));
+      t.accumulate(in, mul(detail::expand_reduced(dy, x.shape(), a), p));
     });
   }
   return y;
@@ -378,8 +378,12 @@ Tensor<T, D> softmax_over_rows(const Tensor<T, D>& x, const char* op) {
   index_map<D>(n ? x.size() / n : 0, SoftmaxRowFn<T, Log>{x.data(), y.data(), n}, 16 * n);
   if (recording(x)) {
     // softmax: dx = y * (dy - sum(dy * y)); log_softmax: dx = dy - softmax(x) * sum(dy); along the last axis.
-    record(y, {x.trace()}, [in = x.trace(), y0 = y.untraced()](Tape& t, const Tensor<T, D>& dy) {
-      t.accumulate(in, softmax_backward<T, Log>(y0, dy));
+    record_with_output(y, {x.trace()}, [in = x.trace()](Tape& t, const Tensor<T, D>& dy, const Tensor<T, D>& y) {
+      if (!t.records()) return t.accumulate(in, softmax_backward<T, Log>(y.untraced(), dy));
+      // Higher order: the same formulas in traced ops (log_softmax's softmax is exp(y)).
+      const int last = y.rank() - 1;
+      if constexpr (Log) t.accumulate(in, sub(dy, mul(exp(y), broadcast_to(sum(dy, last, true), y.shape()))));
+      else t.accumulate(in, mul(y, sub(dy, broadcast_to(sum(mul(dy, y), last, true), y.shape()))));
     });
   }
   return y;

@@ -151,7 +151,7 @@ TG_HD inline double erf_inv_f64(double x) {
     const double slope = two_over_sqrt_pi * ::exp(-y * y);
     // erf(y) - ax; above 0.5 written as (1 - ax) - erfc(y), where 1 - ax is exact (Sterbenz) and erfc
     // keeps the tail's precision.
-    const double residual = ax > 0.5 ? (1.0 - ax) - erfc(y) : erf(y) - ax;
+    const double residual = ax > 0.5 ? (1.0 - ax) - std::erfc(y) : std::erf(y) - ax;
     y -= residual / slope;
   }
   return x < 0 ? -y : y;

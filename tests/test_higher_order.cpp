@@ -1,0 +1,283 @@
+// Forward mode and higher order: jvp, linearize, grad of grad to third order, hvp, jacfwd, jacrev,
+// hessian (closed forms and finite differences in double), their composition with vmap and compile,
+// argnums, custom_vjp, checkpoint, and check_grads' order and modes. Built for the CPU, and by nvcc with
+// every tensor on CUDA (TG_TEST_CUDA).
+#include "test_common.hpp"
+
+#include <cmath>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+using Catch::Matchers::Contains;
+using D = TestDevice;
+namespace rnd = tg::random;
+
+namespace ho_test {
+
+template <class Dev>
+struct Net {
+  tg::Tensor<double, Dev> w1, b1, w2, b2;
+};
+TG_PYTREE(Net, w1, b1, w2, b2)
+
+/// A small tanh MLP of a 2-d input: (n, 2) -> (n,).
+template <class Dev>
+tg::Tensor<double, Dev> net(const Net<Dev>& p, const tg::Tensor<double, Dev>& x) {
+  const auto h = tg::tanh(tg::linear(x, p.w1, p.b1));
+  return tg::linear(h, p.w2, p.b2).reshape({-1});
+}
+
+template <class Dev>
+Net<Dev> init_net(int seed) {
+  return {rnd::normal<double, Dev>(rnd::key(seed), {2, 8}) * 0.7, rnd::normal<double, Dev>(rnd::key(seed + 1), {8}) * 0.1,
+          rnd::normal<double, Dev>(rnd::key(seed + 2), {8, 1}) * 0.5, rnd::normal<double, Dev>(rnd::key(seed + 3), {1}) * 0.1};
+}
+
+}  // namespace ho_test
+
+namespace {
+
+tg::Tensor<double, D> dvec(std::vector<double> v, tg::Shape s) { return tg::from_vector<D>(v, s); }
+
+void check_close(const tg::Tensor<double, D>& got, const std::vector<double>& want, double tol) {
+  const auto g = got.to_vector();
+  REQUIRE(g.size() == want.size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": got " << g[i] << ", want " << want[i]);
+    CHECK(std::fabs(g[i] - want[i]) <= tol * std::max(1.0, std::fabs(want[i])));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("jvp and linearize give J t (closed forms)", "[higher][jvp]") {
+  // f(x) = sin(x) * x^2 elementwise: J = diag(cos(x) x^2 + 2 x sin(x)).
+  const auto x = dvec({0.3, -1.2, 2.0}, {3});
+  const auto t = dvec({1.0, 0.5, -2.0}, {3});
+  auto f = [](const tg::Tensor<double, D>& v) { return tg::sin(v) * tg::square(v); };
+  auto [y, yt] = tg::jvp(f, x, t);
+  std::vector<double> want_y, want_t;
+  const std::vector<double> xv{0.3, -1.2, 2.0}, tv{1.0, 0.5, -2.0};
+  for (std::size_t i = 0; i < 3; ++i) {
+    want_y.push_back(std::sin(xv[i]) * xv[i] * xv[i]);
+    want_t.push_back((std::cos(xv[i]) * xv[i] * xv[i] + 2 * xv[i] * std::sin(xv[i])) * tv[i]);
+  }
+  check_close(y, want_y, 1e-15);
+  check_close(yt, want_t, 1e-14);
+  CHECK(yt.trace().tape == 0);
+
+  auto [y2, f_jvp] = tg::linearize(f, x);
+  check_close(y2, want_y, 1e-15);
+  check_close(f_jvp(t), want_t, 1e-14);
+  check_close(f_jvp(t * 2.0), [&] { auto w = want_t; for (auto& v : w) v *= 2; return w; }(), 1e-14);
+
+  // A pytree in, a pytree out: a matmul and a reduction.
+  const ho_test::Net<D> p = ho_test::init_net<D>(3);
+  const ho_test::Net<D> dp = ho_test::init_net<D>(30);
+  const auto xs = rnd::normal<double, D>(rnd::key(9), {5, 2});
+  auto [out, out_t] = tg::jvp(ho_test::net<D>, p, dp, xs);
+  const double h = 1e-6;
+  const auto up = ho_test::net<D>(tg::tree_map([&](const auto& a, const auto& b) { return a + b * h; }, p, dp), xs);
+  const auto down = ho_test::net<D>(tg::tree_map([&](const auto& a, const auto& b) { return a - b * h; }, p, dp), xs);
+  const auto fd = ((up - down) / (2 * h)).to_vector();
+  check_close(out_t, fd, 1e-8);
+}
+
+TEST_CASE("grad of grad to third order (closed forms)", "[higher][grad]") {
+  // f(x) = sum(x^3 + exp(x) sin(x)): f' = 3x^2 + e^x (sin + cos), f'' = 6x + 2 e^x cos, f''' = 6 + 2 e^x (cos - sin).
+  auto f = [](const tg::Tensor<double, D>& v) { return tg::sum(v * v * v + tg::exp(v) * tg::sin(v)); };
+  auto df = [&](const tg::Tensor<double, D>& v) { return tg::grad(f)(v); };
+  auto d2 = [&](const tg::Tensor<double, D>& v) { return tg::sum(tg::grad([&](const tg::Tensor<double, D>& u) { return tg::sum(df(u)); })(v)); };
+  const std::vector<double> xv{0.4, -0.7, 1.3};
+  const auto x = dvec(xv, {3});
+  std::vector<double> g1, g2, g3;
+  for (double v : xv) {
+    g1.push_back(3 * v * v + std::exp(v) * (std::sin(v) + std::cos(v)));
+    g2.push_back(6 * v + 2 * std::exp(v) * std::cos(v));
+    g3.push_back(6 + 2 * std::exp(v) * (std::cos(v) - std::sin(v)));
+  }
+  check_close(df(x), g1, 1e-14);
+  // The diagonal Hessian's entries: grad of sum(grad f).
+  check_close(tg::grad([&](const tg::Tensor<double, D>& u) { return tg::sum(df(u)); })(x), g2, 1e-13);
+  check_close(tg::grad(d2)(x), g3, 1e-12);
+}
+
+TEST_CASE("hessian, jacfwd, jacrev and hvp agree with each other and with closed forms", "[higher][hessian]") {
+  // f(x) = sum(x)^2 / 2 + sum(log(1 + x^2)): H = 1 + diag((2 - 2x^2) / (1 + x^2)^2).
+  auto f = [](const tg::Tensor<double, D>& v) { return tg::sum(v) * tg::sum(v) * 0.5 + tg::sum(tg::log(tg::square(v) + 1.0)); };
+  const std::vector<double> xv{0.5, -1.5, 2.0};
+  const auto x = dvec(xv, {3});
+  std::vector<double> want;
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < 3; ++j) {
+      const double x2 = xv[i] * xv[i];
+      want.push_back(1.0 + (i == j ? (2 - 2 * x2) / ((1 + x2) * (1 + x2)) : 0.0));
+    }
+  const auto hess = tg::hessian(f)(x);
+  CHECK(hess.shape() == tg::Shape{3, 3});
+  check_close(hess, want, 1e-14);
+  auto g = [&](const tg::Tensor<double, D>& v) { return tg::grad(f)(v); };
+  check_close(tg::jacfwd(g)(x), want, 1e-14);
+  check_close(tg::jacrev(g)(x), want, 1e-14);
+  const auto v = dvec({1.0, -2.0, 0.5}, {3});
+  std::vector<double> hv(3, 0.0);
+  for (std::size_t i = 0; i < 3; ++i)
+    for (std::size_t j = 0; j < 3; ++j) hv[i] += want[i * 3 + j] * std::vector<double>{1.0, -2.0, 0.5}[j];
+  check_close(tg::hvp(f, x, v), hv, 1e-14);
+  // A non-square Jacobian: (2,) -> (3,), out.shape + in.shape.
+  auto h = [](const tg::Tensor<double, D>& u) { return tg::concatenate({u * 2.0, tg::sum(u * u).reshape({1})}); };
+  const auto u = dvec({1.0, 3.0}, {2});
+  const std::vector<double> jw{2, 0, 0, 2, 2, 6};
+  check_close(tg::jacfwd(h)(u), jw, 1e-15);
+  check_close(tg::jacrev(h)(u), jw, 1e-15);
+  CHECK(tg::jacrev(h)(u).shape() == tg::Shape{3, 2});
+}
+
+namespace {
+
+/// The 2-d Laplacian of the network at each row of xs, by jvp of grad along each coordinate (the rows
+/// are independent, so one jvp per coordinate serves every point).
+template <class Dev>
+tg::Tensor<double, Dev> laplacian(const ho_test::Net<Dev>& p, const tg::Tensor<double, Dev>& xs) {
+  auto u_sum = [&](const tg::Tensor<double, Dev>& x) { return tg::sum(ho_test::net(p, x)); };
+  auto g = [&](const tg::Tensor<double, Dev>& x) { return tg::grad(u_sum)(x); };
+  const std::int64_t n = xs.dim(0);
+  tg::Tensor<double, Dev> total;
+  for (int k = 0; k < 2; ++k) {
+    std::vector<double> e(static_cast<std::size_t>(2 * n), 0.0);
+    for (std::int64_t i = 0; i < n; ++i) e[static_cast<std::size_t>(2 * i + k)] = 1.0;
+    const auto hk = tg::jvp(g, xs, tg::from_vector<Dev>(e, xs.shape())).second;  // H e_k per row
+    const auto d2 = tg::index_in_dim(hk, k, 1);
+    total = k == 0 ? d2 : total + d2;
+  }
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("vmap of hessian, jvp inside vmap, and grad of a loss made of second derivatives", "[higher][vmap]") {
+  const ho_test::Net<D> p = ho_test::init_net<D>(5);
+  const auto xs = rnd::uniform<double, D>(rnd::key(8), {6, 2});
+  auto u = [](const tg::Tensor<double, D>& x, const ho_test::Net<D>& q) { return tg::sum(ho_test::net(q, x.reshape({1, 2}))); };
+  // vmap(hessian(u)) over points, the parameters shared: each point's 2 x 2 Hessian, as a loop of them.
+  const auto hs = tg::vmap(tg::hessian(u), {0, std::nullopt})(xs, p);
+  REQUIRE(hs.shape() == tg::Shape{6, 2, 2});
+  const auto hv = hs.to_vector();
+  std::vector<double> lap_loop;
+  for (std::int64_t i = 0; i < 6; ++i) {
+    const auto hi = tg::hessian(u)(tg::index_in_dim(xs, i, 0), p).to_vector();
+    for (int k = 0; k < 4; ++k) CHECK(std::fabs(hv[static_cast<std::size_t>(4 * i + k)] - hi[static_cast<std::size_t>(k)]) <= 1e-13 * std::max(1.0, std::fabs(hi[static_cast<std::size_t>(k)])));
+    lap_loop.push_back(hi[0] + hi[3]);
+    CHECK(std::fabs(hi[1] - hi[2]) <= 1e-14);  // symmetric
+  }
+  // The Laplacian by jvp of grad over all points at once equals the Hessians' traces.
+  check_close(laplacian(p, xs), lap_loop, 1e-12);
+  // jvp inside vmap: per-example tangents.
+  const auto ts = rnd::normal<double, D>(rnd::key(12), {6, 2});
+  auto tangent_of = [&](const tg::Tensor<double, D>& x, const tg::Tensor<double, D>& t) { return tg::jvp([&](const tg::Tensor<double, D>& v) { return u(v, p); }, x, t).second; };
+  const auto jv = tg::vmap(tangent_of)(xs, ts).to_vector();
+  for (std::int64_t i = 0; i < 6; ++i) {
+    const auto gi = tg::grad([&](const tg::Tensor<double, D>& v) { return u(v, p); })(tg::index_in_dim(xs, i, 0)).to_vector();
+    const auto ti = tg::index_in_dim(ts, i, 0).to_vector();
+    CHECK(std::fabs(jv[static_cast<std::size_t>(i)] - (gi[0] * ti[0] + gi[1] * ti[1])) <= 1e-14);
+  }
+  // A physics-informed loss: its gradient in the parameters (third derivatives of the network) against
+  // finite differences, in forward and reverse mode.
+  auto loss = [&](const ho_test::Net<D>& q) { return tg::mean(tg::square(laplacian(q, xs) + 1.0)); };
+  const auto r = tg::check_grads(loss, p, tg::GradCheckOptions{.modes = tg::fwd | tg::rev, .print = false});
+  INFO(r);
+  CHECK(r.passed);
+}
+
+TEST_CASE("hvp and hessian compose with compile: one recording, replays equal to the eager values", "[higher][compile]") {
+  auto f = [](const tg::Tensor<double, D>& v) { return tg::sum(tg::exp(v) * tg::tanh(v)) + tg::sum(v) * tg::sum(v); };
+  auto step = tg::compile([&](const tg::Tensor<double, D>& x, const tg::Tensor<double, D>& v) {
+    return std::tuple{tg::hvp(f, x, v), tg::hessian(f)(x)};
+  });
+  for (int i = 0; i < 3; ++i) {
+    const auto x = rnd::normal<double, D>(rnd::key(40 + i), {4});
+    const auto v = rnd::normal<double, D>(rnd::key(50 + i), {4});
+    const auto [hv, h] = step(x, v);
+    CHECK(hv.to_vector() == tg::hvp(f, x, v).to_vector());
+    CHECK(h.to_vector() == tg::hessian(f)(x).to_vector());
+    // H v from the Hessian itself.
+    const auto hm = tg::matmul(h, v.reshape({4, 1})).reshape({4}).to_vector();
+    const auto hvv = hv.to_vector();
+    for (int k = 0; k < 4; ++k) CHECK(std::fabs(hm[static_cast<std::size_t>(k)] - hvv[static_cast<std::size_t>(k)]) <= 1e-13 * std::max(1.0, std::fabs(hm[static_cast<std::size_t>(k)])));
+  }
+  CHECK(step.recordings() == 1);
+}
+
+TEST_CASE("argnums picks the arguments grad and value_and_grad differentiate", "[higher][argnums]") {
+  auto f = [](const tg::Tensor<double, D>& a, const tg::Tensor<double, D>& b, double s) { return tg::sum(a * b * b) * s; };
+  const auto a = dvec({1.0, 2.0}, {2}), b = dvec({3.0, -1.0}, {2});
+  check_close(tg::grad(f, tg::argnums<1>)(a, b, 2.0), {2 * 2 * 1.0 * 3.0, 2 * 2 * 2.0 * -1.0}, 1e-15);
+  auto [value, grads] = tg::value_and_grad(f, tg::argnums<0, 1>)(a, b, 2.0);
+  CHECK(value.item() == Approx((9.0 + 2.0) * 2.0));
+  static_assert(std::is_same_v<decltype(grads), std::tuple<tg::Tensor<double, D>, tg::Tensor<double, D>>>);
+  check_close(std::get<0>(grads), {2 * 9.0, 2 * 1.0}, 1e-15);
+  check_close(std::get<1>(grads), {2 * 2 * 3.0, 2 * 2 * 2.0 * -1.0}, 1e-15);
+  // grad with argnums<0> is plain grad.
+  check_close(tg::grad(f, tg::argnums<0>)(a, b, 2.0), tg::grad(f)(a, b, 2.0).to_vector(), 0.0);
+}
+
+TEST_CASE("custom_vjp: a straight-through estimator and a stable log-sum-exp, to second order", "[higher][custom_vjp]") {
+  // Straight-through: forward the sign, backward the identity.
+  auto ste = tg::custom_vjp([](const tg::Tensor<double, D>& x) { return std::pair{tg::where(tg::greater(x, tg::zeros<double, D>({})), tg::ones<double, D>({}), tg::full<double, D>({}, -1.0)), 0}; },
+                            [](int, const tg::Tensor<double, D>& dy) { return dy; });
+  const auto x = dvec({0.5, -2.0, 3.0}, {3});
+  check_close(ste(x), {1.0, -1.0, 1.0}, 0.0);
+  check_close(tg::grad([&](const tg::Tensor<double, D>& v) { return tg::sum(ste(v) * v); })(x), {1.0 + 0.5, -1.0 - 2.0, 1.0 + 3.0}, 1e-15);
+  // log-sum-exp with the softmax as its residual; differentiable twice because the residual is traced.
+  auto lse = tg::custom_vjp(
+      [](const tg::Tensor<double, D>& v) {
+        const auto m = tg::max(v).untraced();
+        const auto y = tg::log(tg::sum(tg::exp(v - m))) + m;
+        return std::pair{y, tg::exp(v - y)};
+      },
+      [](const tg::Tensor<double, D>& softmax, const tg::Tensor<double, D>& dy) { return softmax * dy; });
+  const auto big = dvec({1000.0, 1001.0, 999.0}, {3});
+  CHECK(std::isfinite(lse(big).item()));
+  CHECK(lse(big).item() == Approx(1001.0 + std::log(1.0 + std::exp(-1.0) + std::exp(-2.0))).epsilon(1e-15));
+  auto f = [&](const tg::Tensor<double, D>& v) { return lse(v * 2.0) * 0.5; };
+  const auto r = tg::check_grads(f, x, tg::GradCheckOptions{.order = 2, .modes = tg::fwd | tg::rev, .print = false});
+  INFO(r);
+  CHECK(r.passed);
+  // A wrong backward rule is caught, in both modes (forward mode is derived from it).
+  auto wrong = tg::custom_vjp([](const tg::Tensor<double, D>& v) { return std::pair{tg::sum(v * v), v}; },
+                              [](const tg::Tensor<double, D>& v, const tg::Tensor<double, D>& dy) { return v * dy; });  // should be 2 v dy
+  const auto bad = tg::check_grads(wrong, x, tg::GradCheckOptions{.modes = tg::fwd | tg::rev, .print = false});
+  CHECK_FALSE(bad.passed);
+  for (const auto& leaf : bad.leaves) CHECK_FALSE(leaf.passed());
+}
+
+TEST_CASE("checkpoint recomputes the forward in the backward pass with the same gradients, to second order", "[higher][checkpoint]") {
+  const ho_test::Net<D> p = ho_test::init_net<D>(21);
+  const auto xs = rnd::uniform<double, D>(rnd::key(22), {7, 2});
+  auto block = [](const ho_test::Net<D>& q, const tg::Tensor<double, D>& x) { return ho_test::net(q, x); };
+  auto plain = [&](const ho_test::Net<D>& q) { return tg::sum(tg::square(block(q, xs))); };
+  auto remat = [&](const ho_test::Net<D>& q) { return tg::sum(tg::square(tg::checkpoint(block)(q, xs))); };
+  std::string why;
+  CHECK(tg::tree_all_close(tg::grad(remat)(p), tg::grad(plain)(p), 1e-15, 1e-15, &why));
+  INFO(why);
+  const auto r = tg::check_grads(remat, p, tg::GradCheckOptions{.order = 2, .modes = tg::fwd | tg::rev, .print = false});
+  INFO(r);
+  CHECK(r.passed);
+}
+
+TEST_CASE("higher-order errors name the problem", "[higher][errors]") {
+  auto f = [](const tg::Tensor<double, D>& v) { return tg::sum(v * v); };
+  const auto x = dvec({1.0, 2.0}, {2});
+  CHECK_THROWS_WITH(tg::jvp(f, x, dvec({1.0, 2.0, 3.0}, {3})), Contains("[jvp]") && Contains("shape (3,)") && Contains("primal (2,)"));
+  CHECK_THROWS_WITH(tg::grad([&](const tg::Tensor<double, D>& v) { return tg::linearize(f, v).first; })(x), Contains("[linearize]"));
+  // A user functor with a first derivative only: grad works, grad of grad says what is missing.
+  struct Cube {
+    TG_HD double operator()(double v) const { return v * v * v; }
+    TG_HD double backward(double v, double, double dy) const { return 3 * v * v * dy; }
+  };
+  auto g = [](const tg::Tensor<double, D>& v) { return tg::sum(tg::map(v, Cube{}, "cube")); };
+  check_close(tg::grad(g)(x), {3.0, 12.0}, 1e-15);
+  CHECK_THROWS_WITH(tg::hessian(g)(x), Contains("[cube]") && Contains("no higher-order derivative") && Contains("custom_vjp"));
+}
