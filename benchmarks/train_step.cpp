@@ -435,6 +435,30 @@ Mode vit_eager(const vit::Config& c, const Tensor& x, const Labels& y) {
           }};
 }
 
+/// The host memory tensors hold at the peak of one eager ViT step (value_and_grad, clip, AdamW) from the
+/// parameters and optimizer state alone, with and without tg::checkpoint on each block (CPU only: the
+/// CUDA pool's peak is not tracked).
+void vit_peak_memory(const vit::Config& c, const Tensor& x, const Labels& y) {
+  if constexpr (std::is_same_v<Dev, tg::Cpu>) {
+    auto peak = [&](bool checkpointed) {
+      vit::Config cc = c;
+      cc.checkpoint_blocks = checkpointed;
+      const auto optimizer = vit::make_optimizer(vit::OptimConfig{});
+      const auto p = vit::init_params<Dev>(tg::random::key(0), cc);
+      const auto s = optimizer.init(p);
+      const auto key = tg::random::key_data<Dev>(tg::random::key(1));
+      tg::cpu::reset_peak_memory();
+      const std::size_t before = tg::cpu::memory_in_use();
+      auto [np, ns, m] = vit::train_step<float>(optimizer, cc, p, s, x, y, key);
+      (void)m.loss.item();
+      return static_cast<double>(tg::cpu::peak_memory() - before) / (1 << 20);
+    };
+    const double plain = peak(false), remat = peak(true);
+    std::printf("ViT step peak memory above the parameters and state (eager f32): %.2f MiB plain, %.2f MiB with each block "
+                "checkpointed (%.2fx less)\n", plain, remat, plain / remat);
+  }
+}
+
 /// The ViT modes at `batch`: the GEMM floor (the step's GEMMs through oneDNN / cuBLASLt directly), the
 /// compiled step in f32 and bf16 compute, and the eager step; examples/sec and tokens/sec (16 per image).
 std::vector<Row> run_vit(std::int64_t batch, int runs, int steps) {
@@ -454,6 +478,10 @@ std::vector<Row> run_vit(std::int64_t batch, int runs, int steps) {
   modes.push_back(vit_compiled<float>("ViT compiled f32", c, x, y));
   modes.push_back(vit_compiled<tg::bf16>("ViT compiled bf16 compute", c, x, y));
   modes.push_back(vit_eager(c, x, y));
+  vit::Config remat = c;
+  remat.checkpoint_blocks = true;
+  modes.push_back(vit_compiled<float>("ViT compiled f32, blocks checkpointed", remat, x, y));
+  vit_peak_memory(c, x, y);
   std::printf("ViT step: %s, batch %lld, clip + adamw(warmup cosine), %zu GEMMs per step; median of %d runs x %d steps\n", c.str().c_str(),
               static_cast<long long>(batch), vit_gemms(c, batch).size(), runs, steps);
   const std::vector<Stats> stats = measure(modes, batch, runs, steps);

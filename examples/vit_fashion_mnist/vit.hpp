@@ -26,6 +26,7 @@ struct Config {
   std::int64_t image = 28, patch = 7, dim = 64, heads = 4, layers = 4, mlp = 128, classes = 10;
   double dropout = 0.0;  ///< after the attention projection and the MLP, in training
   double ln_eps = 1e-6;  ///< flax.linen.LayerNorm's default
+  bool checkpoint_blocks = false;  ///< tg::checkpoint each block (jax.checkpoint): its forward runs again in the backward pass, its activations are not kept
   std::int64_t tokens() const { return (image / patch) * (image / patch); }
   std::int64_t patch_pixels() const { return patch * patch; }
   std::int64_t head_dim() const { return dim / heads; }
@@ -134,8 +135,20 @@ tg::Tensor<C, D> attention(const Block<D, C>& b, const tg::Tensor<C, D>& h, cons
   return b.out(tg::dot_product_attention(q, k, v).reshape({B * T, c.dim})).reshape({B, T, c.dim});
 }
 
+/// One pre-norm block: h + attention(ln1(h)), then + MLP(ln2(.)); dropout sites `site` and `site + 1`.
+template <class C, class D>
+tg::Tensor<C, D> block(const Block<D, C>& b, const tg::Tensor<C, D>& h, const Config& c, Rng<D> rng, std::uint32_t site, tg::Tensor<C, D>* weights) {
+  const std::int64_t B = h.dim(0), T = h.dim(1);
+  const auto a = h + maybe_dropout(attention<C>(b, b.ln1(h, c.ln_eps), c, weights), c, rng, site);
+  const auto m = b.ln2(a, c.ln_eps).reshape({B * T, c.dim});
+  return a + maybe_dropout(b.fc2(b.fc1(m, tg::Activation::gelu)).reshape({B, T, c.dim}), c, rng, site + 1);
+}
+
 /// forward(params, x, config): logits (B, classes) in f32, computed in C (the parameters cast once, as
-/// Flax's dtype= does); each block's attention weights appended to `weights` when given.
+/// Flax's dtype= does); each block's attention weights appended to `weights` when given. With
+/// c.checkpoint_blocks each block is a tg::checkpoint of block(): its intermediate values are recomputed
+/// in the backward pass instead of kept (the step's peak memory against the plain one: bench_train_step
+/// --model vit).
 template <class C, class D>
 Tensor<D> forward(const Vit<D>& params, const Tensor<D>& x, const Config& c, Rng<D> rng = {},
                   std::vector<tg::Tensor<C, D>>* weights = nullptr) {
@@ -144,11 +157,16 @@ Tensor<D> forward(const Vit<D>& params, const Tensor<D>& x, const Config& c, Rng
   auto h = p.patch(patches<C>(x, c)).reshape({B, T, c.dim}) + p.pos;
   std::uint32_t site = 0;
   for (const auto& b : p.blocks) {
-    tg::Tensor<C, D> w;
-    h = h + maybe_dropout(attention<C>(b, b.ln1(h, c.ln_eps), c, weights ? &w : nullptr), c, rng, site++);
-    if (weights) weights->push_back(w);
-    const auto m = b.ln2(h, c.ln_eps).reshape({B * T, c.dim});
-    h = h + maybe_dropout(b.fc2(b.fc1(m, tg::Activation::gelu)).reshape({B, T, c.dim}), c, rng, site++);
+    if (c.checkpoint_blocks && !weights) {
+      // Config and Rng by value: the backward pass runs this again after forward() has returned.
+      auto remat = [c, rng, site](const std::pair<Block<D, C>, tg::Tensor<C, D>>& in) { return block<C, D>(in.first, in.second, c, rng, site, nullptr); };
+      h = tg::checkpoint(remat)(std::pair{b, h});
+    } else {
+      tg::Tensor<C, D> w;
+      h = block<C>(b, h, c, rng, site, weights ? &w : nullptr);
+      if (weights) weights->push_back(w);
+    }
+    site += 2;
   }
   const auto pooled = tg::mean(p.ln(h, c.ln_eps), 1);
   return tg::cast<float>(p.head(pooled));

@@ -5,6 +5,7 @@
 // bench_train_step ran 22 ms with its blocks reused and 25 to 32 ms without, from run to run.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <mutex>
@@ -53,16 +54,19 @@ class BlockCache {
         void* p = it->second.back();
         it->second.pop_back();
         cached_ -= bytes;
+        note_allocated(bytes);
         return p;
       }
     }
     void* p = std::aligned_alloc(alignment, bytes);
     if (p == nullptr && release() > 0) p = std::aligned_alloc(alignment, bytes);  // the cache's blocks, given back, may make room
+    if (p != nullptr) note_allocated(bytes);
     return p;
   }
 
   void deallocate(void* p, std::size_t bytes) noexcept {
     if (p == nullptr) return;
+    in_use_.fetch_sub(bytes, std::memory_order_relaxed);
     if (cache_blocks && bytes >= min_bytes) {
       std::lock_guard lock(mutex_);
       if (cached_ + bytes <= max_bytes) {
@@ -93,8 +97,20 @@ class BlockCache {
     return cached_;
   }
 
+  /// Bytes of blocks held by tensors now, and the most held at once since the last reset_peak().
+  std::size_t in_use() const { return in_use_.load(std::memory_order_relaxed); }
+  std::size_t peak() const { return peak_.load(std::memory_order_relaxed); }
+  void reset_peak() { peak_.store(in_use(), std::memory_order_relaxed); }
+
  private:
   BlockCache() = default;
+  void note_allocated(std::size_t bytes) {
+    const std::size_t now = in_use_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    std::size_t seen = peak_.load(std::memory_order_relaxed);
+    while (now > seen && !peak_.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+  }
+  std::atomic<std::size_t> in_use_{0}, peak_{0};
   std::mutex mutex_;
   std::unordered_map<std::size_t, std::vector<void*>> free_;
   std::size_t cached_ = 0;
@@ -107,6 +123,15 @@ inline std::size_t cached_memory() { return detail::BlockCache::instance().cache
 
 /// Gives every kept block back to the system (as a program might between phases); returns the bytes.
 inline std::size_t release_cached_memory() { return detail::BlockCache::instance().release(); }
+
+/// Bytes of host memory tensors hold now (their storage blocks, rounded up to the 64-byte alignment; the
+/// cached free blocks not counted).
+inline std::size_t memory_in_use() { return detail::BlockCache::instance().in_use(); }
+
+/// The most host memory tensors held at once since the program started or the last reset_peak_memory():
+/// what tg::checkpoint lowers (bench_vit_memory measures the ViT step with and without it).
+inline std::size_t peak_memory() { return detail::BlockCache::instance().peak(); }
+inline void reset_peak_memory() { detail::BlockCache::instance().reset_peak(); }
 
 }  // namespace cpu
 TG_END_NAMESPACE
