@@ -171,6 +171,56 @@ inline Image image_grid(const std::vector<Tile>& tiles, int columns, int scale) 
   return img;
 }
 
+/// A scalar field sampled on a k x k grid (row i: x = i / (k - 1), column j: y = j / (k - 1)) as an image,
+/// `scale`x enlarged, y upwards: values in [lo, hi] coloured from dark blue through white to dark red
+/// (diverging), or, with lo == 0, white to dark red.
+inline Image field_image(const std::vector<double>& v, int k, double lo, double hi, int scale) {
+  Image img(k * scale, k * scale, 255);
+  for (int i = 0; i < k; ++i)
+    for (int j = 0; j < k; ++j) {
+      const double t = hi > lo ? std::clamp((v[static_cast<std::size_t>(i) * k + j] - lo) / (hi - lo), 0.0, 1.0) : 0.5;
+      const double s = lo < 0 ? 2 * t - 1 : t;  // signed strength: blue below the middle, red above
+      const double a = std::fabs(s);
+      const auto mix = [&](double to) { return static_cast<std::uint8_t>(std::lround(255 + (to - 255) * a)); };
+      const std::uint8_t r = s >= 0 ? mix(165) : mix(33), g = s >= 0 ? mix(0) : mix(102), b = s >= 0 ? mix(38) : mix(172);
+      for (int dy = 0; dy < scale; ++dy)
+        for (int dx = 0; dx < scale; ++dx) img.set(i * scale + dx, (k - 1 - j) * scale + dy, r, g, b);
+    }
+  return img;
+}
+
+/// Curves on a log10 y axis (SVG) against the step: each series a (name, colour, values) of positive values.
+struct Series {
+  std::string name, colour;
+  std::vector<double> values;
+};
+inline std::string svg_log_curves(const std::vector<double>& steps, const std::vector<Series>& series) {
+  const double W = 760, H = 360, l = 70, r = 160, t = 20, b = 50, pw = W - l - r, ph = H - t - b;
+  double lo = 1e300, hi = -1e300;
+  for (const auto& c : series)
+    for (double v : c.values)
+      if (v > 0) lo = std::min(lo, std::log10(v)), hi = std::max(hi, std::log10(v));
+  lo = std::floor(lo), hi = std::max(lo + 1, std::ceil(hi));
+  const double x_max = std::max(1.0, steps.back());
+  auto X = [&](double v) { return l + v / x_max * pw; };
+  auto Y = [&](double v) { return t + ph - (std::log10(std::max(v, 1e-300)) - lo) / (hi - lo) * ph; };
+  std::ostringstream s;
+  s << "<svg class=\"chart\" viewBox=\"0 0 " << W << " " << H << "\" width=\"" << W << "\" role=\"img\">";
+  s << "<rect x=\"" << l << "\" y=\"" << t << "\" width=\"" << pw << "\" height=\"" << ph << "\" fill=\"none\" stroke=\"#999\"/>";
+  for (double e = lo; e <= hi; e += 1)
+    s << "<text x=\"" << l - 6 << "\" y=\"" << Y(std::pow(10.0, e)) + 4 << "\" text-anchor=\"end\">1e" << fmt("%.0f", e) << "</text>";
+  for (int i = 0; i <= 5; ++i)
+    s << "<text x=\"" << X(x_max * i / 5) << "\" y=\"" << t + ph + 18 << "\" text-anchor=\"middle\">" << fmt("%.0f", x_max * i / 5) << "</text>";
+  for (std::size_t c = 0; c < series.size(); ++c) {
+    s << "<polyline fill=\"none\" stroke=\"" << series[c].colour << "\" stroke-width=\"2\" points=\"";
+    for (std::size_t i = 0; i < series[c].values.size() && i < steps.size(); ++i) s << X(steps[i]) << "," << Y(series[c].values[i]) << " ";
+    s << "\"/><text x=\"" << l + pw + 10 << "\" y=\"" << t + 16 + 20 * static_cast<double>(c) << "\" fill=\"" << series[c].colour << "\">"
+      << html_escape(series[c].name) << "</text>";
+  }
+  s << "<text x=\"" << l + pw / 2 << "\" y=\"" << H - 10 << "\" text-anchor=\"middle\">step</text></svg>";
+  return s.str();
+}
+
 /// A horizontal bar chart (SVG): one bar per label, the value printed at its end.
 inline std::string svg_bars(const std::vector<std::string>& labels, const std::vector<double>& values, const std::string& unit) {
   const double top = *std::max_element(values.begin(), values.end());
