@@ -106,6 +106,9 @@ TEST_CASE("every differentiable op's gradient matches finite differences in doub
   check_op("gelu", [](auto a, auto) { return tg::gelu(a); }, any);
   check_op("gelu_exact", [](auto a, auto) { return tg::gelu_exact(a); }, any);
   check_op("silu", [](auto a, auto) { return tg::silu(a); }, any);
+  check_op("sin", [](auto a, auto) { return tg::sin(a); }, any);
+  check_op("cos", [](auto a, auto) { return tg::cos(a); }, any);
+  check_op("erf", [](auto a, auto) { return tg::erf(a); }, any);
   check_op("square", [](auto a, auto) { return tg::square(a); }, any);
   check_op("sqrt", [](auto a, auto) { return tg::sqrt(a); }, pos);
   check_op("rsqrt", [](auto a, auto) { return tg::rsqrt(a); }, pos);

@@ -77,6 +77,9 @@ TEST_CASE("unary ops match double references", "[ops][elementwise]") {
   check_close(values(tg::gelu_exact(x)), ref_unary(dx, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }),
               atol, rtol, "gelu_exact");
   check_close(values(tg::silu(x)), ref_unary(dx, [](double v) { return v / (1 + std::exp(-v)); }), atol, rtol, "silu");
+  check_close(values(tg::sin(x)), ref_unary(dx, [](double v) { return std::sin(v); }), atol, rtol, "sin");
+  check_close(values(tg::cos(x)), ref_unary(dx, [](double v) { return std::cos(v); }), atol, rtol, "cos");
+  check_close(values(tg::erf(x)), ref_unary(dx, [](double v) { return std::erf(v); }), atol, rtol, "erf");
   check_close(values(tg::square(x)), ref_unary(dx, [](double v) { return v * v; }), atol, rtol, "square");
   check_close(values(tg::sqrt(xp)), ref_unary(dxp, [](double v) { return std::sqrt(v); }), atol, rtol, "sqrt");
   check_close(values(tg::rsqrt(xp)), ref_unary(dxp, [](double v) { return 1 / std::sqrt(v); }), atol, rtol, "rsqrt");
@@ -180,6 +183,9 @@ TEST_CASE("functor derivatives match central finite differences in double", "[op
   check_unary(tg::fn::Gelu{}, "gelu", 0, 2);
   check_unary(tg::fn::GeluExact{}, "gelu_exact", 0, 2);
   check_unary(tg::fn::Silu{}, "silu", 0, 3);
+  check_unary(tg::fn::Sin{}, "sin", 0, 2);
+  check_unary(tg::fn::Cos{}, "cos", 0, 2);
+  check_unary(tg::fn::Erf{}, "erf", 0, 1.5);
   check_unary(tg::fn::Square{}, "square", 0, 1);
   check_unary(tg::fn::Sqrt{}, "sqrt", 3, 0.5);
   check_unary(tg::fn::Rsqrt{}, "rsqrt", 3, 0.5);

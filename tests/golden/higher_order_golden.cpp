@@ -2,8 +2,8 @@
 // Hessian-vector product of the codelab's loss at its key(1) parameters on its first batch, and the JVP
 // of the ViT's forward at its key(0) parameters on the ViT example's first batch, each along the tangent
 // scripts/higher_order_golden.py draws (leaf i: tg::random::normal(fold_in(key(7), i)), JAX's numbers bit
-// for bit), compared with tests/data/higher_order_golden.json. f32 on the CPU (the same program built by
-// nvcc with TG_GOLDEN_CUDA runs on a GPU). Exit 0 when every quantity is within 1e-6 relative.
+// for bit), compared with tests/data/higher_order_golden.json. f32 on the CPU (TG_GOLDEN_CUDA selects
+// tg::Cuda for an nvcc build; none is configured yet). Exit 0 when every quantity is within 1e-6 relative.
 #include <tapegrad/tapegrad.hpp>
 
 #include <algorithm>

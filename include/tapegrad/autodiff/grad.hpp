@@ -152,22 +152,28 @@ auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
   return std::pair{scope.result(std::move(out)), std::move(grads)};
 }
 
-/// f with the arguments I... gathered into one tuple, the first argument: how argnums differentiates
-/// several arguments (the tuple is a pytree).
+/// Which arguments argnums differentiates.
 template <std::size_t... I>
 struct Argnums {};
 
+/// Where K is among I... (sizeof...(I) when it is not).
+template <std::size_t K, std::size_t... I>
+constexpr std::size_t position_of() {
+  constexpr std::size_t indices[] = {I..., K};
+  std::size_t n = 0;
+  while (indices[n] != K) ++n;
+  return n;
+}
+
+/// f called with argument K taken from `selected` (the tuple being differentiated) where K is one of I...,
+/// else from `all`.
 template <class F, std::size_t... I, class... Args>
 auto call_with_selected(F& f, const std::tuple<std::remove_cvref_t<std::tuple_element_t<I, std::tuple<Args...>>>...>& selected,
                         std::tuple<Args...>& all) {
   return [&]<std::size_t... J>(std::index_sequence<J...>) {
     auto pick = [&]<std::size_t K>(std::integral_constant<std::size_t, K>) -> decltype(auto) {
-      constexpr std::size_t pos = [] {
-        std::size_t p = 0, n = 0;
-        ((I == K ? (p = n, 0) : 0, ++n), ...);
-        return p;
-      }();
-      if constexpr (((I == K) || ...)) return static_cast<const std::remove_cvref_t<std::tuple_element_t<K, std::tuple<Args...>>>&>(std::get<pos>(selected));
+      constexpr std::size_t pos = position_of<K, I...>();
+      if constexpr (pos < sizeof...(I)) return static_cast<const std::remove_cvref_t<std::tuple_element_t<K, std::tuple<Args...>>>&>(std::get<pos>(selected));
       else return static_cast<std::tuple_element_t<K, std::tuple<Args...>>&&>(std::get<K>(all));
     };
     return f(pick(std::integral_constant<std::size_t, J>{})...);
