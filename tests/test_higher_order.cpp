@@ -29,6 +29,13 @@ tg::Tensor<double, Dev> net(const Net<Dev>& p, const tg::Tensor<double, Dev>& x)
   return tg::linear(h, p.w2, p.b2).reshape({-1});
 }
 
+/// A user's functor with its first derivative only (at namespace scope: a CUDA kernel cannot take a type
+/// local to a function).
+struct Cube {
+  TG_HD double operator()(double v) const { return v * v * v; }
+  TG_HD double backward(double v, double, double dy) const { return 3 * v * v * dy; }
+};
+
 template <class Dev>
 Net<Dev> init_net(int seed) {
   return {rnd::normal<double, Dev>(rnd::key(seed), {2, 8}) * 0.7, rnd::normal<double, Dev>(rnd::key(seed + 1), {8}) * 0.1,
@@ -273,11 +280,7 @@ TEST_CASE("higher-order errors name the problem", "[higher][errors]") {
   CHECK_THROWS_WITH(tg::jvp(f, x, dvec({1.0, 2.0, 3.0}, {3})), Contains("[jvp]") && Contains("shape (3,)") && Contains("primal (2,)"));
   CHECK_THROWS_WITH(tg::grad([&](const tg::Tensor<double, D>& v) { return tg::linearize(f, v).first; })(x), Contains("[linearize]"));
   // A user functor with a first derivative only: grad works, grad of grad says what is missing.
-  struct Cube {
-    TG_HD double operator()(double v) const { return v * v * v; }
-    TG_HD double backward(double v, double, double dy) const { return 3 * v * v * dy; }
-  };
-  auto g = [](const tg::Tensor<double, D>& v) { return tg::sum(tg::map(v, Cube{}, "cube")); };
+  auto g = [](const tg::Tensor<double, D>& v) { return tg::sum(tg::map(v, ho_test::Cube{}, "cube")); };
   check_close(tg::grad(g)(x), {3.0, 12.0}, 1e-15);
   CHECK_THROWS_WITH(tg::hessian(g)(x), Contains("[cube]") && Contains("no higher-order derivative") && Contains("custom_vjp"));
 }
