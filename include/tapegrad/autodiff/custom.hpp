@@ -60,7 +60,8 @@ auto custom_vjp(Fwd fwd, Bwd bwd) {
   return [fwd, bwd](const auto& x, auto&&... args) {
     using X = std::remove_cvref_t<decltype(x)>;
     detail::Tape* tape = detail::active_tape;
-    auto [traces, traced] = detail::leaf_traces(tape, x);
+    auto [traces, any_traced] = detail::leaf_traces(tape, x);
+    const bool traced = any_traced;  // a copy: clang 14 cannot capture a structured binding in a lambda
     // First order: fwd runs as a constant (only bwd differentiates). Higher order: fwd's ops are recorded
     // too, so the residuals, and through them bwd's result, depend on x for an outer pass.
     auto [y, residuals] = [&] {
@@ -91,7 +92,8 @@ auto checkpoint(F f) {
   return [f](const auto& x, auto&&... args) {
     using X = std::remove_cvref_t<decltype(x)>;
     detail::Tape* tape = detail::active_tape;
-    auto [traces, traced] = detail::leaf_traces(tape, x);
+    auto [traces, any_traced] = detail::leaf_traces(tape, x);
+    const bool traced = any_traced;  // a copy: clang 14 cannot capture a structured binding in a lambda
     auto y = [&] {
       detail::ActiveTape none(nullptr);  // nothing kept
       return f(x, args...);
