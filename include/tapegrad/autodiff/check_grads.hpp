@@ -87,6 +87,14 @@ void set_leaf(Tree& tree, std::int64_t index, const std::vector<T>& v) {
   }, tree);
 }
 
+/// A scalar tensor's value in double, as its own type computes it (bf16 through float).
+template <class Scalar>
+double value_of(const Scalar& t) {
+  const auto y = t.item();
+  if constexpr (std::is_same_v<std::remove_cvref_t<decltype(y)>, double>) return y;
+  else return static_cast<double>(static_cast<float>(y));
+}
+
 /// sum over the leaves of sum(a * b): a scalar of type T (traced where a is), to turn a derivative of
 /// parameters' type into a scalar function whose derivative is the next order's.
 template <class T, class Tree>
@@ -118,11 +126,7 @@ Params random_tree(const Params& params, std::uint32_t seed) {
 template <class Loss, class Params>
 void check_first_order(const std::function<Loss(const Params&)>& f, const Params& params, const GradCheckOptions& o, GradMode mode,
                        const std::string& prefix, GradCheckResult& result) {
-  auto eval_exact = [&](const Params& p) {
-    const auto y = f(p).item();
-    if constexpr (std::is_same_v<std::remove_cvref_t<decltype(y)>, double>) return y;
-    else return static_cast<double>(static_cast<float>(y));
-  };
+  auto eval_exact = [&](const Params& p) { return value_of(f(p)); };
   using LossT = typename Loss::value_type;
   const double loss_epsilon = std::is_same_v<LossT, double> ? 0x1p-53 : std::is_same_v<LossT, float> ? 0x1p-24 : 0x1p-8;
   // Reverse mode: the gradient, read element by element (or along directions). Forward mode: one jvp per
@@ -133,11 +137,7 @@ void check_first_order(const std::function<Loss(const Params&)>& f, const Params
     grads = grad(f)(params);
   } else {
     auto lin = linearize(f, params);
-    directional = [f_jvp = std::move(lin.second)](const Params& t) {
-      const auto y = f_jvp(t).item();
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(y)>, double>) return y;
-      else return static_cast<double>(static_cast<float>(y));
-    };
+    directional = [f_jvp = std::move(lin.second)](const Params& t) { return value_of(f_jvp(t)); };
   }
   const Params zero = tree_zeros_like(params);
 
@@ -224,7 +224,11 @@ template <class Loss, class Params>
 void check_orders(const std::function<Loss(const Params&)>& f, const Params& params, const GradCheckOptions& o, int order,
                   const std::string& prefix, GradCheckResult& result) {
   for (GradMode mode : {GradMode::rev, GradMode::fwd})
-    if (has_mode(o.modes, mode)) check_first_order(f, params, o, mode, prefix + (mode == GradMode::rev ? "rev " : "fwd "), result);
+    if (has_mode(o.modes, mode)) {
+      // Leaves are named by mode too, except in the plain reverse-mode first-order check (paths alone).
+      const bool named = o.order > 1 || has_mode(o.modes, GradMode::fwd);
+      check_first_order(f, params, o, mode, prefix + (!named ? "" : mode == GradMode::rev ? "rev " : "fwd "), result);
+    }
   if (order <= 1) return;
   const Params r = random_tree(params, o.seed + 101u * static_cast<std::uint32_t>(order));
   if (has_mode(o.modes, GradMode::rev)) {
@@ -244,10 +248,7 @@ GradCheckResult check_grads_impl(F& f, const Params& params, ArgsTuple& args, co
   TG_CHECK(o.order >= 1, "check_grads", "order must be >= 1, got ", o.order);
   TG_CHECK(has_mode(o.modes, GradMode::rev) || has_mode(o.modes, GradMode::fwd), "check_grads", "modes must name tg::rev, tg::fwd or both");
   GradCheckResult result;
-  const bool one_mode_first_order = o.order == 1 && !has_mode(o.modes, GradMode::fwd);
   check_orders(g, params, o, o.order, "", result);
-  if (one_mode_first_order)  // the reverse-only first-order check names leaves by their paths alone, as before
-    for (auto& c : result.leaves) c.path = c.path.substr(4);
   std::sort(result.leaves.begin(), result.leaves.end(),
             [](const LeafGradCheck& a, const LeafGradCheck& b) { return a.worst_ratio > b.worst_ratio; });
   if (o.print) {

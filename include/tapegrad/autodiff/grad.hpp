@@ -75,6 +75,15 @@ void trace_leaves(Tape& tape, Tree& tree) {
   }, tree);
 }
 
+/// f(x, args...) recorded on `tape` from fresh nodes for x's leaves (trace_leaves; `x` becomes the traced
+/// copy): the start of every transformation's pass.
+template <class F, class X, class... Args>
+auto call_traced(Tape& tape, X& x, F& f, Args&&... args) {
+  ActiveTape active(&tape);
+  trace_leaves(tape, x);
+  return f(std::as_const(x), std::forward<Args>(args)...);
+}
+
 /// The tape a transformation records on: the active one when it is nested in another (so the outer one
 /// sees everything it does), else its own.
 class TransformTape {
@@ -124,11 +133,7 @@ auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
   DepthScope depth(1);
   Params traced = params;
   using Out = std::remove_cvref_t<std::invoke_result_t<F&, const Params&, Args&&...>>;
-  Out out = [&] {
-    ActiveTape active(&tape);
-    trace_leaves(tape, traced);
-    return f(std::as_const(traced), std::forward<Args>(args)...);
-  }();
+  Out out = call_traced(tape, traced, f, std::forward<Args>(args)...);
 
   if constexpr (Aux) static_assert(is_pair<Out>::value, "value_and_grad(f, tg::has_aux): f must return std::pair{loss, aux}");
   auto& loss = *[&] {

@@ -84,11 +84,7 @@ auto linearize_on(Tape& tape, std::int64_t first_node, std::int64_t first_entry,
   lin.records = nested;
   DepthScope depth(2);  // the VJP is itself differentiated: the ops record their traced forms
   X traced = primal;
-  {
-    ActiveTape active(&tape);
-    trace_leaves(tape, traced);
-    lin.out = f(std::as_const(traced), std::forward<Args>(args)...);
-  }
+  lin.out = call_traced(tape, traced, f, std::forward<Args>(args)...);
   lin.u_first = tape.size();
   lin.u = cotangent_leaves(tape, lin.out);
   Walk walk(tape.size(), first_node, /*records=*/true);
@@ -203,12 +199,7 @@ auto jacrev(F f) {
     detail::Tape& tape = scope.tape();
     detail::DepthScope depth(1);
     X traced = x;
-    X out;
-    {
-      detail::ActiveTape active(&tape);
-      detail::trace_leaves(tape, traced);
-      out = f(std::as_const(traced), std::forward<decltype(args)>(args)...);
-    }
+    const X out = detail::call_traced(tape, traced, f, std::forward<decltype(args)>(args)...);
     std::vector<X> rows;
     const std::int64_t last = tape.entries();
     for (std::int64_t i = 0; i < out.size(); ++i) {

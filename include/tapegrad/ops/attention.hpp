@@ -618,7 +618,7 @@ Tensor<T, D> attention_impl(const Tensor<T, D>& q, const Tensor<T, D>& k, const 
   TG_CHECK(d.H <= attention_max_head_dim || o.implementation != AttentionImplementation::fused, op, "head_dim ", d.H, " is above the fused kernels' ",
            attention_max_head_dim, "; use implementation = AttentionImplementation::composed (or automatic)");
   // Under two differentiating transformations the composed form, whose ops are traced to any order.
-  const bool higher = higher_order() && (recording(q, k, v));
+  const bool higher = higher_order() && recording(q, k, v);
   const bool fused = !higher && (o.implementation == AttentionImplementation::fused ||
                                  (o.implementation == AttentionImplementation::automatic && d.H <= attention_max_head_dim &&
                                   attention_fused_is_faster<D>(d)));

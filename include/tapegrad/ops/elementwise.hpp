@@ -421,10 +421,7 @@ std::pair<Tensor<T, D>, Tensor<T, D>> binary_derivative(const Op& op, const Tens
   } else {
     fail(name, "has no higher-order derivative: its functor ", typeid(Op).name(), " has no traced derivative; use tg::custom_vjp for it");
   }
-  // A side broadcast to the result's shape keeps the result's shape here.
-  if (da.defined() && da.shape() != y.shape()) da = broadcast_to(da, y.shape());
-  if (db.defined() && db.shape() != y.shape()) db = broadcast_to(db, y.shape());
-  return {da, db};
+  return {da, db};  // dy has the result's shape, so each product has it too
 }
 
 /// The tape's sum of two cotangents of one value (declared by core/tape.hpp): add.

@@ -259,32 +259,27 @@ std::pair<Tensor<T, D>, Tensor<T, D>> linear_with_pre_activation(const Tensor<T,
 /// to fuse with that layer's act' (DGELU_BGRAD).
 template <FloatElement T, Device D>
 Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, D>& b, Activation act = Activation::none) {
-  if (detail::higher_order() && detail::recording(x, w, b)) {
-    // Under two differentiating transformations (grad of grad, jvp): the layer as its primitives, whose
-    // backward rules are traced to any order (the fused rule below computes act' in a kernel).
-    detail::check_defined(x, "linear"), detail::check_defined(w, "linear"), detail::check_defined(b, "linear");
-    TG_CHECK(x.rank() >= 1 && w.rank() == 2 && b.rank() == 1 && x.dim(-1) == w.dim(0) && b.dim(0) == w.dim(1), "linear",
-             "needs x (..., in), w (in, out), b (out,), got ", x.shape().str(), ", ", w.shape().str(), " and ", b.shape().str());
-    std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
-    dims.push_back(w.dim(1));
-    const Tensor<T, D> x2 = x.rank() == 1 ? x.reshape({1, x.dim(0)}) : x;
-    return detail::activate(add(matmul(x2, w), b), act).reshape(Shape(dims));
-  }
-  if (detail::batched(x, w, b)) {  // batching rule
+  // Under two differentiating transformations (grad of grad, jvp) the layer runs as its primitives, whose
+  // backward rules are traced to any order (the fused rule below computes act' in a kernel).
+  const bool composed = detail::higher_order() && detail::recording(x, w, b);
+  const bool is_batched = detail::batched(x, w, b);
+  if (composed || is_batched) {
     detail::check_defined(x, "linear"), detail::check_defined(w, "linear"), detail::check_defined(b, "linear");
     TG_CHECK(x.rank() >= 1 && w.rank() == 2 && b.rank() == 1 && x.dim(-1) == w.dim(0) && b.dim(0) == w.dim(1), "linear",
              "needs x (..., in), w (in, out), b (out,), got ", x.shape().str(), ", ", w.shape().str(), " and ", b.shape().str(),
-             " (per example, inside tg::vmap)");
+             is_batched ? " (per example, inside tg::vmap)" : "");
     std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
     dims.push_back(w.dim(1));
-    if (w.is_broadcast_view() && b.is_broadcast_view() && !x.is_broadcast_view() && x.batch_levels() == w.batch_levels())
-      return detail::linear_shared_weights(x, w, &b, act, "linear");  // per-example gradients of shared parameters
-    if (!detail::batched(w, b)) {  // shared weights: every example's rows in one fused layer
-      const Tensor<T, D> p = x.physical();
-      return detail::as_batched(linear(p.reshape({-1, x.dim(-1)}), w, b, act).reshape(detail::with_batch(x.batch_levels(), Shape(dims), "linear")),
-                                x.batch_levels());
+    if (!composed) {  // batching rule
+      if (w.is_broadcast_view() && b.is_broadcast_view() && !x.is_broadcast_view() && x.batch_levels() == w.batch_levels())
+        return detail::linear_shared_weights(x, w, &b, act, "linear");  // per-example gradients of shared parameters
+      if (!detail::batched(w, b)) {  // shared weights: every example's rows in one fused layer
+        const Tensor<T, D> p = x.physical();
+        return detail::as_batched(linear(p.reshape({-1, x.dim(-1)}), w, b, act).reshape(detail::with_batch(x.batch_levels(), Shape(dims), "linear")),
+                                  x.batch_levels());
+      }
     }
-    // Weights of their own per example (an ensemble, or per-example gradients): a batched GEMM.
+    // Composed, or weights of their own per example (an ensemble, or per-example gradients: a batched GEMM).
     const Tensor<T, D> x2 = x.rank() == 1 ? x.reshape({1, x.dim(0)}) : x;
     return detail::activate(add(matmul(x2, w), b), act).reshape(Shape(dims));
   }
