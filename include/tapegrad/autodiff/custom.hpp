@@ -74,11 +74,10 @@ auto custom_vjp(Fwd fwd, Bwd bwd) {
     TG_CHECK(tree_batch_levels(x) == 0 && y.batch_levels() == 0, "custom_vjp", "a custom_vjp function differentiated inside tg::vmap is "
              "not supported; differentiate outside the vmap, or vmap the whole gradient");
     Y out = y.untraced();
-    const X kept = x;
-    detail::record(out, {}, [traces = std::move(traces), residuals = std::move(residuals), kept, bwd](detail::Tape& t, const Y& dy) {
+    for (const auto& tr : traces) tape->use(tr);  // before the rule takes them
+    detail::record(out, {}, [traces = std::move(traces), residuals = std::move(residuals), kept = x, bwd](detail::Tape& t, const Y& dy) {
       detail::accumulate_leaves(t, traces, kept, X(bwd(residuals, dy)), "custom_vjp");
     });
-    for (const auto& tr : traces) tape->use(tr);
     return out;
   };
 }
@@ -107,29 +106,18 @@ auto checkpoint(F f) {
     auto rerun = [f, args = std::make_tuple(std::decay_t<decltype(args)>(args)...)](const X& xr) {
       return std::apply([&](const auto&... a) { return f(xr, a...); }, args);
     };
-    const X kept = x;
-    detail::record(out, {}, [kept, rerun](detail::Tape& t, const Y& dy) {
+    for (const auto& tr : traces) tape->use(tr);
+    detail::record(out, {}, [traces = std::move(traces), kept = x, rerun](detail::Tape& t, const Y& dy) {
       // The forward again, recorded on this tape from fresh nodes linked to x's (an outer pass, when this
       // one records, differentiates through it), then its own backward pass seeded with dy.
       const std::int64_t first_node = t.size(), first_entry = t.entries();
       X xr = kept;
-      Y yr;
-      {
-        detail::ActiveTape active(&t);
-        detail::trace_leaves(t, xr);
-        yr = rerun(std::as_const(xr));
-      }
+      const Y yr = detail::call_traced(t, xr, rerun);
       detail::Walk walk(t.size(), first_node, t.records());
       t.accumulate_in(walk, yr.trace(), dy);
       t.backward(walk, first_entry, t.entries());
-      const X dx = detail::gather_cotangents(walk, xr, t.records());
-      tree_for_each([&](const std::string&, const auto& leaf, const auto& g) {
-        using L = std::remove_cvref_t<decltype(leaf)>;
-        if constexpr (FloatElement<typename L::value_type>)
-          if (t.owns(leaf.trace())) t.accumulate(leaf.trace(), g);
-      }, kept, dx);
+      detail::accumulate_leaves(t, traces, kept, detail::gather_cotangents(walk, xr, t.records()), "checkpoint");
     });
-    for (const auto& tr : traces) tape->use(tr);
     return out;
   };
 }
