@@ -8,6 +8,19 @@
 function(_tapegrad_cuda_usage target tapegrad_target)
   target_link_libraries(${target} INTERFACE ${tapegrad_target} CUDA::cudart CUDA::cublas CUDA::cublasLt)
   target_compile_definitions(${target} INTERFACE TG_WITH_CUDA=1)
+  # cuDNN 9 (cudnn.h, libcudnn): the CUDA convolutions. Beside the toolkit in NVIDIA's CUDA images (and
+  # here); elsewhere NVIDIA's cudnn9-cuda-13 package. Without it tapegrad::cuda still builds, and a CUDA
+  # convolution raises an error saying so. CUDNN_INCLUDE_DIR and CUDNN_LIBRARY may be set by the user.
+  find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(CUDNN_INCLUDE_DIR AND CUDNN_LIBRARY)
+    target_include_directories(${target} INTERFACE ${CUDNN_INCLUDE_DIR})
+    target_link_libraries(${target} INTERFACE ${CUDNN_LIBRARY})
+    target_compile_definitions(${target} INTERFACE TG_WITH_CUDNN=1)
+  else()
+    message(STATUS "tapegrad: cuDNN not found (cudnn.h, libcudnn): CUDA convolutions will raise an error; "
+                   "install cuDNN 9 for your CUDA (NVIDIA's cudnn9-cuda-13) or set CUDNN_INCLUDE_DIR and CUDNN_LIBRARY")
+  endif()
   # C++20 for .cu files (CMake 3.25 has no cuda_std_20 feature entry for nvcc 13), and OpenMP for the
   # host loops in them: nvcc passes host flags through -Xcompiler.
   target_compile_options(${target} INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 -Xcompiler=-fopenmp -Xcompiler=-fno-math-errno>)

@@ -19,6 +19,7 @@
 #include "tapegrad/random/threefry.hpp"
 #include "tapegrad/backend/gemm.hpp"
 #include "tapegrad/ops/attention.hpp"
+#include "tapegrad/ops/conv.hpp"
 #include "tapegrad/ops/einsum.hpp"
 #include "tapegrad/ops/elementwise.hpp"
 #include "tapegrad/ops/indexing.hpp"

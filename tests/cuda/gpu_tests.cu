@@ -9,4 +9,5 @@
 #include "../test_compile.cpp"
 #include "../test_vmap.cpp"
 #include "../test_higher_order.cpp"
+#include "../test_conv.cpp"
 #include "test_cuda_memory.cpp"

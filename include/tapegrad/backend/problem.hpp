@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <tuple>
 
 #include "tapegrad/config.hpp"
 #include "tapegrad/core/tensor.hpp"
@@ -65,6 +66,41 @@ struct GemmResult {
   Tensor<T, D> pre;        ///< the pre-activation, when act_done and the problem keeps it
   Tensor<T, D> bias_grad;  ///< (n,), when bias_grad_done
   bool bias_done = false, act_done = false, dact_done = false, bias_grad_done = false;
+};
+
+/// Which of a convolution's three computations: y = conv(x, w); dx from dy and w (the transpose of the
+/// forward in x); dw from x and dy (its transpose in w).
+enum class ConvPass { forward, backward_data, backward_weights };
+
+/// One 2-d convolution as `tg::conv` asks for it, in JAX's conv_general_dilated terms with Flax's layouts:
+/// x (n, h, w, c) NHWC, the kernel (kh, kw, c / groups, o) HWIO, y (n, oh, ow, o); window strides, kernel
+/// (rhs) dilation, low and high padding per spatial axis (non-negative), and the feature groups. For the
+/// forward pass the op may ask for a bias (o,) and an activation fused; the backend says what it did.
+struct ConvProblem {
+  std::int64_t n = 0, h = 0, w = 0, c = 0;
+  std::int64_t kh = 0, kw = 0, o = 0;
+  std::int64_t oh = 0, ow = 0;
+  std::int64_t stride[2] = {1, 1}, dilation[2] = {1, 1}, pad_lo[2] = {0, 0}, pad_hi[2] = {0, 0};
+  std::int64_t groups = 1;
+  const char* op = "conv";  ///< names the op in errors
+
+  bool bias = false;                  ///< forward: + bias (o,)
+  Activation act = Activation::none;  ///< forward: then act, unless the op keeps the pre-activation
+
+  auto key() const {
+    return std::tuple(n, h, w, c, kh, kw, o, oh, ow, stride[0], stride[1], dilation[0], dilation[1], pad_lo[0], pad_lo[1], pad_hi[0],
+                      pad_hi[1], groups, bias, static_cast<int>(act));
+  }
+  friend bool operator<(const ConvProblem& a, const ConvProblem& b) { return a.key() < b.key(); }
+  std::int64_t x_size() const { return n * h * w * c; }
+  std::int64_t w_size() const { return kh * kw * (c / groups) * o; }
+  std::int64_t y_size() const { return n * oh * ow * o; }
+};
+
+/// What a convolution backend did: ran the pass at all (false: the op runs its own loop, as for f64 on
+/// the CPU), and for the forward pass whether it added the bias and applied the activation.
+struct ConvResult {
+  bool done = false, bias_done = false, act_done = false;
 };
 
 }  // namespace backend
