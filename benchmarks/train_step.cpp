@@ -10,7 +10,7 @@
 // On CUDA it also reports the graph floor (the 8 GEMMs in one CUDA graph), the kernels per compiled step
 // (the nodes of its graph) and, with --tf32, the compiled f32 step with TF32 allowed.
 // On the CPU, subnormal floats are flushed to zero (tg::cpu::FlushDenormals, as XLA computes) unless
-// --keep-denormals is given.
+// --keep-denormals is given. --model vit and --model cnn time the ViT and CNN examples' steps instead.
 #include <tapegrad/tapegrad.hpp>
 
 #if defined(TG_BENCH_CUDA)
@@ -35,6 +35,7 @@
 
 #include <omp.h>
 
+#include "../examples/cnn_fashion_mnist/cnn.hpp"
 #include "../examples/vit_fashion_mnist/vit.hpp"
 
 namespace {
@@ -497,6 +498,71 @@ std::vector<Row> run_vit(std::int64_t batch, int runs, int steps) {
   return rows;
 }
 
+// ---- The convolutional network of examples/cnn_fashion_mnist (--model cnn) ----
+
+using CnnOptimizer = decltype(cnn::make_optimizer(cnn::OptimConfig{}));
+using CnnState = decltype(std::declval<CnnOptimizer>().init(std::declval<cnn::Cnn<Dev>>()));
+
+/// The example's compiled training step (cnn::train_step) in compute type C, parameters and state donated.
+template <class C>
+Mode cnn_compiled(const std::string& name, const Tensor& x, const Labels& y) {
+  struct Loop {
+    cnn::Config c;
+    CnnOptimizer optimizer = cnn::make_optimizer(cnn::OptimConfig{});
+    cnn::Cnn<Dev> params;
+    CnnState state;
+  };
+  auto l = std::make_shared<Loop>();
+  l->params = cnn::init_params<Dev>(tg::random::key(0), l->c);
+  l->state = l->optimizer.init(l->params);
+  auto fn = [raw = l.get()](const cnn::Cnn<Dev>& p, const CnnState& s, const Tensor& xb, const Labels& yb) {
+    return cnn::train_step<C>(raw->optimizer, raw->c, p, s, xb, yb);
+  };
+  auto compiled = std::make_shared<decltype(tg::compile(fn))>(tg::compile(fn));
+  return {name,
+          [l, compiled, x, y]() {
+            auto [p, s, m] = (*compiled)(std::move(l->params), std::move(l->state), x, y);
+            l->params = std::move(p), l->state = std::move(s);
+            return m.loss;
+          },
+          [compiled] { return compiled->kernels(); }};
+}
+
+/// The CNN modes at `batch`: the compiled step in f32 and bf16 compute and the eager step; images/sec, and
+/// each mode's ratio to the compiled f32 step.
+std::vector<Row> run_cnn(std::int64_t batch, int runs, int steps) {
+  const cnn::Config c;
+  Sizes s;
+  s.batch = batch, s.in = 784, s.h1 = c.conv1, s.h2 = c.conv2, s.out = c.classes;
+  const auto x = tg::random::uniform<float, Dev>(tg::random::key(2), {batch, 784});
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int32_t>(i % 10);
+  const auto y = tg::from_vector<Dev>(labels);
+  std::vector<Mode> modes;
+  modes.push_back(cnn_compiled<float>("CNN compiled f32", x, y));
+  modes.push_back(cnn_compiled<tg::bf16>("CNN compiled bf16 compute", x, y));
+  auto optimizer = std::make_shared<CnnOptimizer>(cnn::make_optimizer(cnn::OptimConfig{}));
+  auto p = std::make_shared<cnn::Cnn<Dev>>(cnn::init_params<Dev>(tg::random::key(0), c));
+  auto state = std::make_shared<CnnState>(optimizer->init(*p));
+  modes.push_back({"CNN eager f32", [=]() {
+                     auto [np, ns, m] = cnn::train_step<float>(*optimizer, c, *p, *state, x, y);
+                     *p = std::move(np), *state = std::move(ns);
+                     return m.loss;
+                   }});
+  std::printf("CNN step: %s, batch %lld, adamw(cosine decay); median of %d runs x %d steps\n", c.str().c_str(), static_cast<long long>(batch),
+              runs, steps);
+  const std::vector<Stats> stats = measure(modes, batch, runs, steps);
+  print_kernels(modes);
+  std::vector<Row> rows;
+  const int threads = omp_get_max_threads();
+  for (std::size_t m = 0; m < modes.size(); ++m) {
+    rows.push_back({modes[m].name, s, threads, stats[m], stats[m].median / stats[0].median});
+    std::printf("  %-30s batch %5lld  threads %2d  %9.0f ex/s  (min %9.0f, max %9.0f ex/s)  %5.2f x compiled f32\n", modes[m].name.c_str(),
+                static_cast<long long>(batch), threads, stats[m].median, stats[m].min, stats[m].max, rows.back().floor_ratio);
+  }
+  return rows;
+}
+
 void print(const std::vector<Row>& rows) {
   for (const Row& r : rows)
     std::printf("  %-26s batch %5lld  hidden %4lld-%4lld  threads %2d  %10.0f ex/s  (min %9.0f, max %9.0f)  %5.2f x floor\n",
@@ -531,13 +597,13 @@ int main(int argc, char** argv) {
     else if (a == "--tf32") tf32 = true;
     else if (a == "--model") model = next();
     else {
-      std::fprintf(stderr, "usage: bench_train_step [--model mlp|vit] [--batch N] [--runs R] [--steps S] [--json path] [--sweep] [--threads-sweep] "
+      std::fprintf(stderr, "usage: bench_train_step [--model mlp|vit|cnn] [--batch N] [--runs R] [--steps S] [--json path] [--sweep] [--threads-sweep] "
                            "[--keep-denormals] [--tf32]\n");
       return 2;
     }
   }
-  if (model != "mlp" && model != "vit") {
-    std::fprintf(stderr, "bench_train_step: --model must be mlp or vit, got %s\n", model.c_str());
+  if (model != "mlp" && model != "vit" && model != "cnn") {
+    std::fprintf(stderr, "bench_train_step: --model must be mlp, vit or cnn, got %s\n", model.c_str());
     return 2;
   }
 #if defined(TG_BENCH_CUDA)
@@ -555,13 +621,14 @@ int main(int argc, char** argv) {
               dnnl_version()->major, dnnl_version()->minor, dnnl_version()->patch, omp_get_max_threads(),
               keep_denormals ? "kept (IEEE)" : "flushed to zero");
 #endif
-  if (model == "vit") {
+  if (model == "vit" || model == "cnn") {
     bool batch_given = false;
     for (int i = 1; i < argc; ++i) batch_given = batch_given || std::string(argv[i]) == "--batch";
-    const std::vector<Row> rows = run_vit(batch_given ? sizes.batch : 128, runs, steps);
+    const std::int64_t batch = batch_given ? sizes.batch : 128;
+    const std::vector<Row> rows = model == "vit" ? run_vit(batch, runs, steps) : run_cnn(batch, runs, steps);
     std::ofstream json(json_path);
-    json << "{\n  \"device\": \"" << device << "\",\n  \"model\": \"vit\",\n  \"tokens_per_example\": " << vit::Config{}.tokens()
-         << ",\n  \"rows\": [\n";
+    json << "{\n  \"device\": \"" << device << "\",\n  \"model\": \"" << model << "\",\n  \"tokens_per_example\": "
+         << (model == "vit" ? vit::Config{}.tokens() : 1) << ",\n  \"rows\": [\n";
     for (std::size_t i = 0; i < rows.size(); ++i)
       json << "    {\"mode\": \"" << rows[i].mode << "\", \"batch\": " << rows[i].sizes.batch << ", \"examples_per_sec_median\": "
            << rows[i].stats.median << ", \"min\": " << rows[i].stats.min << ", \"max\": " << rows[i].stats.max

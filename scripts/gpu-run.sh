@@ -8,7 +8,7 @@
 # The Vision Transformer example (f32 and bf16), its benchmark mode and its JAX reference's jitted step
 # run too, and the DP-SGD example (per-example gradients by tg::vmap): its golden check, its step's
 # examples/sec and its JAX reference's on the same GPU. TG_GPU_PARTS (default "all") picks parts: tests,
-# sanitizers, bench, example, ncu, peers, vit, dp.
+# sanitizers, bench, example, ncu, peers, vit, cnn, dp.
 #   bash run.sh [RESULTS_DIR]      RESULTS_DIR: $OUT if set, else ./gpu-results
 # Writes RESULTS_DIR/log.txt as it goes and RESULTS_DIR/results.tgz (every part's full log) at the end.
 # Without a GPU (no nvidia-smi, or it lists none) it is a dry run: it checks that every binary finds its
@@ -91,6 +91,13 @@ if [ $gpu = 1 ]; then
       --golden "$g/vit_golden.json" --dtype bf16 --epochs 4
     TAILN=2 run 150 jax_vit_bf16 python3 "$g/vit_reference.py" bench --data-dir "$g/data" --steps 200 --dtype bf16
     [ -n "$san" ] && TAILN=4 run 150 memcheck_transformer_ops "$san" --tool memcheck --error-exitcode 9 "$bin/tapegrad_gpu_tests" "[transformer]"
+  fi
+  if want cnn; then
+    # The CNN's step (cuDNN convolutions) beside JAX + Flax's jitted step and lax.scan loop on the same GPU.
+    TAILN=8 run 150 bench_train_step_cuda_cnn "$bin/bench_train_step_cuda" --model cnn --json "$w/res/cnn_step_cuda.json"
+    TAILN=2 run 150 jax_cnn_f32 python3 "$g/cnn_reference.py" bench --data-dir "$g/data" --steps 200 --dtype f32
+    TAILN=2 run 150 jax_cnn_bf16 python3 "$g/cnn_reference.py" bench --data-dir "$g/data" --steps 200 --dtype bf16
+    [ -n "$san" ] && TAILN=4 run 150 memcheck_conv "$san" --tool memcheck --error-exitcode 9 "$bin/tapegrad_gpu_tests" "[conv]"
   fi
   if want dp; then
     TAILN=4 run 120 dp_sgd_cuda_golden "$bin/dp_sgd_cuda" --data-dir "$g/data" --no-download --golden "$g/dp_sgd_golden.json" --check-golden

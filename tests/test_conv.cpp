@@ -233,7 +233,7 @@ TEST_CASE("conv and pools inside tg::vmap equal a loop over the examples", "[con
                     Contains("a kernel per example"));
 }
 
-TEST_CASE("the pools' CPU row loops give the bits of the per-element loops CUDA runs", "[conv]") {
+TEST_CASE("the pools' CPU row loops give the values of the per-element loops CUDA runs", "[conv]") {
   if constexpr (std::is_same_v<D, tg::Cpu>) {
     const tg::Shape s{2, 7, 9, 70};  // more channels than one chunk of lanes
     for (const auto& [window, strides, padding] : {std::tuple{tg::Window2{2, 2}, tg::Window2{2, 2}, tg::Padding("VALID")},
@@ -269,4 +269,14 @@ TEST_CASE("the pools' CPU row loops give the bits of the per-element loops CUDA 
     const auto xb = tg::cast<tg::bf16>(tg::cast<float>(dnormal(13, s)));
     CHECK(tg::cast<float>(tg::max_pool(xb, {2, 2}, {2, 2})).to_vector() == tg::max_pool(tg::cast<float>(xb), {2, 2}, {2, 2}).to_vector());
   }
+}
+
+TEST_CASE("conv of empty operands: an empty batch, no input channels", "[conv]") {
+  const auto w = tg::cast<float>(dnormal(1, {3, 3, 2, 4}));
+  CHECK(tg::conv(tg::zeros<float, D>({0, 5, 5, 2}), w).shape() == tg::Shape{0, 5, 5, 4});
+  const auto y = tg::conv(tg::zeros<float, D>({2, 5, 5, 0}), tg::zeros<float, D>({3, 3, 0, 4}));
+  CHECK(y.shape() == tg::Shape{2, 5, 5, 4});
+  for (const float v : y.to_vector()) CHECK(v == 0.0f);
+  const auto g = tg::grad([&](const tg::Tensor<float, D>& k) { return tg::sum(tg::conv(tg::zeros<float, D>({0, 5, 5, 2}), k)); })(w);
+  for (const float v : g.to_vector()) CHECK(v == 0.0f);
 }

@@ -515,8 +515,13 @@ struct MaxPoolScatterRowsFn {
       if (cover.oh1 - cover.oh0 == 1 && cover.ow1 - cover.ow0 == 1) {  // one window holds it (stride >= window): a select
         const std::int64_t o = ((n * p.oh + cover.oh0) * p.ow + cover.ow0) * p.c;
         const std::int32_t* __restrict at = f.at + o;
-        const T* __restrict dy = f.dy + o;
-        for (std::int64_t c = 0; c < p.c; ++c) dx[c] = at[c] == me ? dy[c] : T(0);
+        if constexpr (std::is_same_v<T, bf16>) {  // on the bits, so that the select vectorises (+0 is bits 0)
+          const bf16* __restrict dy = f.dy + o;
+          for (std::int64_t c = 0; c < p.c; ++c) dx[c].bits = at[c] == me ? dy[c].bits : std::uint16_t{0};
+        } else {
+          const T* __restrict dy = f.dy + o;
+          for (std::int64_t c = 0; c < p.c; ++c) dx[c] = at[c] == me ? dy[c] : T(0);
+        }
         continue;
       }
       for (std::int64_t c0 = 0; c0 < p.c; c0 += pool_lanes) {
