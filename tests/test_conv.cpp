@@ -230,7 +230,17 @@ TEST_CASE("conv and pools inside tg::vmap equal a loop over the examples", "[con
   for (std::int64_t i = 0; i < 3; ++i) CHECK(max_abs_diff(host(tg::index_in_dim(ys, i, 0)), host(f(tg::index_in_dim(xs, i, 0)))) < 1e-6);
   CHECK_THROWS_WITH(tg::vmap([&](const tg::Tensor<float, D>& wk) { return tg::conv(tg::index_in_dim(xs, 0, 0), wk); })(
                         tg::cast<float>(dnormal(4, {2, 3, 3, 2, 4}))),
-                    Contains("a kernel per example"));
+                    Contains("a kernel (or bias) per example is not supported yet"));
+  // grad of a vmapped loss (the kernel shared): one convolution over every example's images.
+  auto total = [&](const tg::Tensor<float, D>& k) {
+    return tg::sum(tg::vmap([&](const tg::Tensor<float, D>& x) { return tg::tanh(tg::conv(x, k)); })(xs));
+  };
+  const auto g = tg::grad(total)(w);
+  const auto g_ref = tg::grad([&](const tg::Tensor<float, D>& k) { return tg::sum(tg::tanh(tg::conv(xs.reshape({6, 6, 6, 2}), k))); })(w);
+  CHECK(max_abs_diff(host(g), host(g_ref)) < 1e-4);
+  // Per-example gradients of a kernel (vmap of grad) are not supported yet: an error, not garbage.
+  auto loss = [](const tg::Tensor<float, D>& k, const tg::Tensor<float, D>& x) { return tg::sum(tg::conv(x, k)); };
+  CHECK_THROWS_WITH(tg::vmap(tg::grad(loss), {std::nullopt, 0})(w, xs), Contains("nor are per-example gradients"));
 }
 
 TEST_CASE("the pools' CPU row loops give the values of the per-element loops CUDA runs", "[conv]") {

@@ -258,8 +258,9 @@ Tensor<T, D> conv_backward_weights(const Tensor<T, D>& x, const Tensor<T, D>& dy
 /// other operands shared; a batched other operand is an error naming the op.
 template <class T, class D, class F>
 Tensor<T, D> fold_vmap_batch(const Tensor<T, D>& x, bool others_batched, const char* op, F&& f) {
-  TG_CHECK(!others_batched, op, "inside tg::vmap takes a batch of images with one kernel (and bias) for all; a kernel per example "
-                                "(batched w) is not supported: move the kernel out of the vmapped arguments");
+  TG_CHECK(!others_batched, op, "inside tg::vmap takes a batch of images with one kernel (and bias) for all; a kernel (or bias) per "
+                                "example is not supported yet, nor are per-example gradients of one (tg::vmap of tg::grad): vmap over the "
+                                "images only, with the kernel captured or passed as std::nullopt outside a grad, or loop over the examples");
   TG_CHECK(x.rank() == 4, op, "needs x of rank 4 per example (batch, height, width, channels), got ", x.shape().str(), " (inside tg::vmap)");
   const Tensor<T, D> px = x.physical();
   const Tensor<T, D> y = f(px.reshape({-1, x.dim(1), x.dim(2), x.dim(3)}));
