@@ -290,3 +290,32 @@ TEST_CASE("conv of empty operands: an empty batch, no input channels", "[conv]")
   const auto g = tg::grad([&](const tg::Tensor<float, D>& k) { return tg::sum(tg::conv(tg::zeros<float, D>({0, 5, 5, 2}), k)); })(w);
   for (const float v : g.to_vector()) CHECK(v == 0.0f);
 }
+
+TEST_CASE("cuDNN's layout moves, on the CPU: the kernel to (o, kh, kw, i) and back, images padded and cropped", "[conv]") {
+  if constexpr (std::is_same_v<D, tg::Cpu>) {
+    const tg::Shape ks{3, 2, 4, 5};  // HWIO
+    const auto k = tg::arange<float, D>(ks.numel()).reshape(ks);
+    tg::Tensor<float, D> ohwi(tg::Shape{ks.numel()}), back(ks);
+    for (std::int64_t e = 0; e < ks.numel(); ++e) tg::cuda::detail::KernelLayoutFn<float>{k.data(), ohwi.data(), 6, 4, 5, true}(e);
+    const auto kv = k.to_vector(), ov = ohwi.to_vector();
+    for (std::int64_t o = 0; o < 5; ++o)
+      for (std::int64_t s = 0; s < 6; ++s)
+        for (std::int64_t i = 0; i < 4; ++i) CHECK(ov[static_cast<std::size_t>((o * 6 + s) * 4 + i)] == kv[static_cast<std::size_t>((s * 4 + i) * 5 + o)]);
+    for (std::int64_t e = 0; e < ks.numel(); ++e) tg::cuda::detail::KernelLayoutFn<float>{ohwi.data(), back.data(), 6, 4, 5, false}(e);
+    CHECK(back.to_vector() == kv);
+
+    // "SAME" with stride 2 over 6 x 5 pads (0, 1) and (1, 1) or so: as cuDNN runs it, the images padded
+    // by PadImagesFn and convolved without padding give the convolution, and cropping undoes the padding.
+    const auto x = tg::cast<float>(dnormal(1, {2, 6, 5, 3})), w = tg::cast<float>(dnormal(2, {3, 2, 3, 4}));
+    const auto p = tg::detail::conv_problem(x, w, {2, 2}, "SAME", {1, 1}, 1, "conv");
+    REQUIRE((p.pad_lo[0] != p.pad_hi[0] || p.pad_lo[1] != p.pad_hi[1]));
+    const std::int64_t hp = p.h + p.pad_lo[0] + p.pad_hi[0], wp = p.w + p.pad_lo[1] + p.pad_hi[1];
+    tg::Tensor<float, D> xp(tg::Shape{p.n, hp, wp, p.c}), xc(x.shape());
+    for (std::int64_t e = 0; e < xp.size(); ++e)
+      tg::cuda::detail::PadImagesFn<float>{x.data(), xp.data(), p.h, p.w, p.c, hp, wp, p.pad_lo[0], p.pad_lo[1], true}(e);
+    CHECK(max_abs_diff(host(tg::conv(xp, w, {2, 2}, "VALID")), host(tg::conv(x, w, {2, 2}, "SAME"))) < 1e-5);
+    for (std::int64_t e = 0; e < xc.size(); ++e)
+      tg::cuda::detail::PadImagesFn<float>{xp.data(), xc.data(), p.h, p.w, p.c, hp, wp, p.pad_lo[0], p.pad_lo[1], false}(e);
+    CHECK(xc.to_vector() == x.to_vector());
+  }
+}

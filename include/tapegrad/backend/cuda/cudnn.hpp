@@ -1,7 +1,8 @@
 // The CUDA convolution door: cuDNN 9's convolutions (forward, backward data, backward filter) on NHWC
 // activations, f32 (FMA math unless tg::set_allow_tf32) and bf16 (f32 accumulation, tensor cores). cuDNN
 // takes the kernel as (o, kh, kw, c / groups) ("NHWC" filters), so the HWIO kernel is transposed into that
-// layout by a kernel on the way in (and the kernel's gradient back on the way out). A plan (descriptors,
+// layout by a kernel on the way in (and the kernel's gradient back on the way out); cuDNN pads both sides
+// of an axis alike, so an uneven padding ("SAME" with a stride) runs on a zero-padded copy of the images. A plan (descriptors,
 // the algorithm cuDNN's heuristics rank first that fits, its workspace) is built once per problem, pass,
 // type and device, and cached: its workspace is never freed, so a captured CUDA graph may replay it.
 // Not f64 (the op's own loop, exact), no fused bias or activation (the op adds them).
@@ -33,19 +34,8 @@
 TG_BEGIN_NAMESPACE
 namespace cuda {
 
-#if defined(TG_WITH_CUDA) && defined(TG_WITH_CUDNN)
-
-/// cuDNN's version, "9.19.0".
-inline std::string cudnn_version() {
-  const std::size_t v = cudnnGetVersion();
-  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
-}
-
+// The layout moves around cuDNN's calls, as TG_HD functors (tested on the CPU: tests/test_conv.cpp).
 namespace detail {
-
-[[noreturn]] inline void throw_cudnn(cudnnStatus_t st, const char* call, const char* file, int line) {
-  throw Error(::tg::detail::concat("[cudnn] ", file, ":", line, ": ", call, " failed: ", cudnnGetErrorString(st)));
-}
 
 /// Moves a kernel between HWIO (kh, kw, i, o) and cuDNN's (o, kh, kw, i): element `e` of `to`.
 template <class T>
@@ -64,6 +54,42 @@ struct KernelLayoutFn {
     }
   }
 };
+
+/// Images (n, h, w, c) and the same images with `top` / `left` rows and columns of zeros before them and
+/// the rest after, (n, hp, wp, c): pad writes element `e` of the padded images, crop element `e` of the
+/// unpadded ones (for cuDNN, which pads both sides of an axis alike, an uneven padding is a padded copy).
+template <class T>
+struct PadImagesFn {
+  const T* from;
+  T* to;
+  std::int64_t h, w, c, hp, wp, top, left;
+  bool pad;
+  TG_HD void operator()(std::int64_t e) const {
+    if (pad) {
+      const std::int64_t ch = e % c, iw = e / c % wp - left, ih = e / (c * wp) % hp - top, n = e / (c * wp * hp);
+      to[e] = ih >= 0 && ih < h && iw >= 0 && iw < w ? from[((n * h + ih) * w + iw) * c + ch] : T(0);
+    } else {
+      const std::int64_t ch = e % c, iw = e / c % w, ih = e / (c * w) % h, n = e / (c * w * h);
+      to[e] = from[((n * hp + ih + top) * wp + iw + left) * c + ch];
+    }
+  }
+};
+
+}  // namespace detail
+
+#if defined(TG_WITH_CUDA) && defined(TG_WITH_CUDNN)
+
+/// cuDNN's version, "9.19.0".
+inline std::string cudnn_version() {
+  const std::size_t v = cudnnGetVersion();
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
+namespace detail {
+
+[[noreturn]] inline void throw_cudnn(cudnnStatus_t st, const char* call, const char* file, int line) {
+  throw Error(::tg::detail::concat("[cudnn] ", file, ":", line, ": ", call, " failed: ", cudnnGetErrorString(st)));
+}
 
 }  // namespace detail
 
@@ -156,9 +182,7 @@ class CuDnn {
     TG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->x, CUDNN_TENSOR_NHWC, dtype, dim(p.n), dim(p.c), dim(p.h), dim(p.w)));
     TG_CUDNN_CHECK(cudnnSetTensor4dDescriptor(plan->y, CUDNN_TENSOR_NHWC, dtype, dim(p.n), dim(p.o), dim(p.oh), dim(p.ow)));
     TG_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w, dtype, CUDNN_TENSOR_NHWC, dim(p.o), dim(p.c / p.groups), dim(p.kh), dim(p.kw)));
-    // cuDNN pads symmetrically: an asymmetric padding ("SAME" with an even kernel) is the op's to split.
-    TG_CHECK(p.pad_lo[0] == p.pad_hi[0] && p.pad_lo[1] == p.pad_hi[1], p.op, "cuDNN pads each side alike; padding ((", p.pad_lo[0], ", ",
-             p.pad_hi[0], "), (", p.pad_lo[1], ", ", p.pad_hi[1], ")) is not");
+    // cuDNN pads both sides of an axis alike: conv() hands it an uneven padding as a padded copy.
     TG_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(plan->conv, dim(p.pad_lo[0]), dim(p.pad_lo[1]), dim(p.stride[0]), dim(p.stride[1]),
                                                    dim(p.dilation[0]), dim(p.dilation[1]), CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     TG_CUDNN_CHECK(cudnnSetConvolutionGroupCount(plan->conv, dim(p.groups)));
@@ -209,15 +233,29 @@ backend::ConvResult conv(backend::ConvPass pass, const backend::ConvProblem& p, 
     if (out.size() == 0) return r;
     backend::ConvProblem q = p;
     q.bias = false, q.act = Activation::none;
-    const std::int64_t spatial = p.kh * p.kw, i = p.c / p.groups, n = p.w_size();
     using backend::ConvPass;
+    // An uneven padding: the images padded by a kernel, cuDNN's convolution without padding, and for
+    // backward data the padded gradient cropped.
+    const bool uneven = p.pad_lo[0] != p.pad_hi[0] || p.pad_lo[1] != p.pad_hi[1];
+    const std::int64_t hp = p.h + p.pad_lo[0] + p.pad_hi[0], wp = p.w + p.pad_lo[1] + p.pad_hi[1];
+    Tensor<T, Cuda> padded;
+    if (uneven) {
+      q.h = hp, q.w = wp, q.pad_lo[0] = q.pad_lo[1] = q.pad_hi[0] = q.pad_hi[1] = 0;
+      padded = Tensor<T, Cuda>(Shape{p.n, hp, wp, p.c});
+      if (pass != ConvPass::backward_data)
+        index_map(padded.size(), detail::PadImagesFn<T>{a.data(), padded.data(), p.h, p.w, p.c, hp, wp, p.pad_lo[0], p.pad_lo[1], true});
+    }
+    const void* x_or_dy = uneven && pass != ConvPass::backward_data ? padded.data() : a.data();
+    const std::int64_t spatial = p.kh * p.kw, i = p.c / p.groups, n = p.w_size();
     Tensor<T, Cuda> w(Shape{n});  // the kernel in cuDNN's layout
     if (pass == ConvPass::backward_weights) {
-      CuDnn::instance().run(pass, q, cudnn_type<T>(), a.data(), b.data(), w.data());
+      CuDnn::instance().run(pass, q, cudnn_type<T>(), x_or_dy, b.data(), w.data());
       index_map(n, detail::KernelLayoutFn<T>{w.data(), out.data(), spatial, i, p.o, false});
     } else {
       index_map(n, detail::KernelLayoutFn<T>{b.data(), w.data(), spatial, i, p.o, true});
-      CuDnn::instance().run(pass, q, cudnn_type<T>(), a.data(), w.data(), out.data());
+      const bool crop = uneven && pass == ConvPass::backward_data;
+      CuDnn::instance().run(pass, q, cudnn_type<T>(), x_or_dy, w.data(), crop ? padded.data() : out.data());
+      if (crop) index_map(out.size(), detail::PadImagesFn<T>{padded.data(), out.data(), p.h, p.w, p.c, hp, wp, p.pad_lo[0], p.pad_lo[1], false});
     }
     return r;
   }
