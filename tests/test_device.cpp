@@ -110,7 +110,9 @@ TEST_CASE("build_info names the versions and the devices", "[device]") {
   CHECK(info.cuda_devices == tg::cuda::describe_devices());
 #if !defined(TG_WITH_CUDA)
   CHECK_THAT(info.cuda_runtime, Contains("not in this build"));
+  CHECK_THAT(info.cudnn, Contains("not in this build"));
 #endif
-  CHECK(info.rows().size() == 7);
+  CHECK(info.cudnn == tg::cuda::cudnn_version());
+  CHECK(info.rows().size() == 8);
   CHECK(info.rows().front() == std::pair<std::string, std::string>{"tapegrad", tg::version});
 }
