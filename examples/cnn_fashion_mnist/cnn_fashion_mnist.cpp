@@ -50,39 +50,6 @@ struct Options : fm::CommonOptions {
 using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
-/// SHA-256 over every parameter's float32 bytes, leaves in tree order (= the safetensors file's order):
-/// the fingerprint that ties the JAX golden values to these initial parameters.
-template <class P>
-std::string params_digest(const P& params) {
-  std::vector<std::uint8_t> bytes;
-  tg::tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) {
-    const auto v = leaf.to_vector();
-    const auto* p = reinterpret_cast<const std::uint8_t*>(v.data());
-    bytes.insert(bytes.end(), p, p + v.size() * sizeof(float));
-  }, params);
-  return fm::hex_digest(EVP_sha256(), bytes);
-}
-
-/// A heatmap of a (rows, cols) matrix of weights in [0, max], each cell `scale` pixels, white to dark blue.
-fm::Image heatmap(const std::vector<float>& w, int rows, int cols, int scale) {
-  fm::Image img(cols * scale, rows * scale);
-  const float top = std::max(1e-12f, *std::max_element(w.begin(), w.end()));
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) {
-      const float t = std::clamp(w[static_cast<std::size_t>(r * cols + c)] / top, 0.0f, 1.0f);
-      const auto shade = [t](int lo, int hi) { return static_cast<std::uint8_t>(std::lround(lo + (hi - lo) * t)); };
-      for (int y = 0; y < scale; ++y)
-        for (int x = 0; x < scale; ++x) img.set(c * scale + x, r * scale + y, shade(255, 8), shade(255, 48), shade(255, 107));
-    }
-  return img;
-}
-
-std::string img_tag(const fm::Image& img, const std::string& caption) {
-  return "<figure style=\"display:inline-block;margin:4px;text-align:center\"><img style=\"image-rendering:pixelated;width:" +
-         std::to_string(std::min(img.width, 160)) + "px\" src=\"" + fm::png_data_uri(fm::encode_png(img)) + "\"><figcaption>" +
-         fm::html_escape(caption) + "</figcaption></figure>";
-}
-
 /// The CNN on device D, section by section; the members are what the sections hand on to each other.
 template <class D>
 class CnnRun {
@@ -125,7 +92,7 @@ class CnnRun {
   int export_init() {
     tg::io::save_safetensors(o_.export_init, params_, {{"model", o_.model.str()}, {"seed", std::to_string(o_.seed)}});
     std::cout << "wrote the initial parameters to " << o_.export_init << " (" << tg::tree_count(params_)
-              << " floats, SHA-256 of the f32 bytes " << params_digest(params_) << ")\n";
+              << " floats, SHA-256 of the f32 bytes " << fm::params_digest(params_) << ")\n";
     return 0;
   }
 
@@ -176,7 +143,7 @@ class CnnRun {
     const double loss = la.first.item(), norm = tg::global_norm(grads).item();
     const double want_loss = g.at("loss"), want_norm = g.at("grad_global_norm");
     const double loss_err = std::fabs(loss - want_loss) / std::fabs(want_loss), norm_err = std::fabs(norm - want_norm) / std::fabs(want_norm);
-    const std::string digest = params_digest(params_), want_digest = g.at("params_digest");
+    const std::string digest = fm::params_digest(params_), want_digest = g.at("params_digest");
     fm::Table t{"first batch (f32): tapegrad vs JAX", {"quantity", "tapegrad", "JAX", "relative difference"}, {}};
     t.rows.push_back({"initial parameters (SHA-256 of the f32 bytes)", digest.substr(0, 16) + "...", want_digest.substr(0, 16) + "...",
                       digest == want_digest ? "identical" : "DIFFERENT"});
@@ -326,15 +293,15 @@ class CnnRun {
     const auto m = maps.to_vector();  // (1, 14, 14, conv1)
     const auto w = params_.conv1.w.to_vector();  // (3, 3, 1, conv1)
     const int F = static_cast<int>(o_.model.conv1), K = static_cast<int>(o_.model.kernel), S = static_cast<int>(o_.model.image / 2);
-    std::string html = img_tag(fm::image_grid({{pixels, 255, 255, 255}}, 1, 2),
+    std::string html = fm::img_tag(fm::image_grid({{pixels, 255, 255, 255}}, 1, 2),
                                "image " + std::to_string(image) + ": " + fm::class_names[labels[static_cast<std::size_t>(image)]]);
     json filters = json::array();
     for (int f = 0; f < F; ++f) {
       std::vector<float> k(static_cast<std::size_t>(K * K)), fmap(static_cast<std::size_t>(S * S));
       for (int i = 0; i < K * K; ++i) k[static_cast<std::size_t>(i)] = std::max(0.0f, w[static_cast<std::size_t>(i * F + f)]);
       for (int i = 0; i < S * S; ++i) fmap[static_cast<std::size_t>(i)] = m[static_cast<std::size_t>(i * F + f)];
-      html += img_tag(heatmap(k, K, K, 12), "filter " + std::to_string(f));
-      html += img_tag(heatmap(fmap, S, S, 4), "map " + std::to_string(f));
+      html += fm::img_tag(fm::heatmap(k, K, K, 12), "filter " + std::to_string(f));
+      html += fm::img_tag(fm::heatmap(fmap, S, S, 4), "map " + std::to_string(f));
       filters.push_back(k);
     }
     log_.html("<div>" + html + "</div>");

@@ -209,4 +209,17 @@ inline Loaded find_and_load(const std::string& data_dir, bool allow_download, bo
   return load(dir, verify);
 }
 
+/// SHA-256 over every parameter's float32 bytes, leaves in tree order (= the safetensors file's order):
+/// the fingerprint that ties the JAX golden values to these initial parameters.
+template <class P>
+std::string params_digest(const P& params) {
+  std::vector<std::uint8_t> bytes;
+  tg::tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) {
+    const auto v = leaf.to_vector();
+    const auto* p = reinterpret_cast<const std::uint8_t*>(v.data());
+    bytes.insert(bytes.end(), p, p + v.size() * sizeof(float));
+  }, params);
+  return hex_digest(EVP_sha256(), bytes);
+}
+
 }  // namespace fashion_mnist

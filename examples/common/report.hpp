@@ -400,4 +400,25 @@ class Progress {
   bool quiet_, tty_;
 };
 
+/// A heatmap of a (rows, cols) matrix of weights in [0, max], each cell `scale` pixels, white to dark blue.
+inline Image heatmap(const std::vector<float>& w, int rows, int cols, int scale) {
+  Image img(cols * scale, rows * scale);
+  const float top = std::max(1e-12f, *std::max_element(w.begin(), w.end()));
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const float t = std::clamp(w[static_cast<std::size_t>(r * cols + c)] / top, 0.0f, 1.0f);
+      const auto shade = [t](int lo, int hi) { return static_cast<std::uint8_t>(std::lround(lo + (hi - lo) * t)); };
+      for (int y = 0; y < scale; ++y)
+        for (int x = 0; x < scale; ++x) img.set(c * scale + x, r * scale + y, shade(255, 8), shade(255, 48), shade(255, 107));
+    }
+  return img;
+}
+
+/// An image as an inline figure with a caption, for the report (at most 160 pixels wide, pixels kept sharp).
+inline std::string img_tag(const Image& img, const std::string& caption) {
+  return "<figure style=\"display:inline-block;margin:4px;text-align:center\"><img style=\"image-rendering:pixelated;width:" +
+         std::to_string(std::min(img.width, 160)) + "px\" src=\"" + png_data_uri(encode_png(img)) + "\"><figcaption>" +
+         html_escape(caption) + "</figcaption></figure>";
+}
+
 }  // namespace fashion_mnist

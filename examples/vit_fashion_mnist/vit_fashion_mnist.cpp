@@ -50,39 +50,6 @@ struct Options : fm::CommonOptions {
 using clock_type = std::chrono::steady_clock;
 double seconds_since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
-/// SHA-256 over every parameter's float32 bytes, leaves in tree order (= the safetensors file's order):
-/// the fingerprint that ties the JAX golden values to these initial parameters.
-template <class P>
-std::string params_digest(const P& params) {
-  std::vector<std::uint8_t> bytes;
-  tg::tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) {
-    const auto v = leaf.to_vector();
-    const auto* p = reinterpret_cast<const std::uint8_t*>(v.data());
-    bytes.insert(bytes.end(), p, p + v.size() * sizeof(float));
-  }, params);
-  return fm::hex_digest(EVP_sha256(), bytes);
-}
-
-/// A heatmap of a (rows, cols) matrix of weights in [0, max], each cell `scale` pixels, white to dark blue.
-fm::Image heatmap(const std::vector<float>& w, int rows, int cols, int scale) {
-  fm::Image img(cols * scale, rows * scale);
-  const float top = std::max(1e-12f, *std::max_element(w.begin(), w.end()));
-  for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) {
-      const float t = std::clamp(w[static_cast<std::size_t>(r * cols + c)] / top, 0.0f, 1.0f);
-      const auto shade = [t](int lo, int hi) { return static_cast<std::uint8_t>(std::lround(lo + (hi - lo) * t)); };
-      for (int y = 0; y < scale; ++y)
-        for (int x = 0; x < scale; ++x) img.set(c * scale + x, r * scale + y, shade(255, 8), shade(255, 48), shade(255, 107));
-    }
-  return img;
-}
-
-std::string img_tag(const fm::Image& img, const std::string& caption) {
-  return "<figure style=\"display:inline-block;margin:4px;text-align:center\"><img style=\"image-rendering:pixelated;width:" +
-         std::to_string(std::min(img.width, 160)) + "px\" src=\"" + fm::png_data_uri(fm::encode_png(img)) + "\"><figcaption>" +
-         fm::html_escape(caption) + "</figcaption></figure>";
-}
-
 /// The ViT on device D, section by section; the members are what the sections hand on to each other.
 template <class D>
 class VitRun {
@@ -126,7 +93,7 @@ class VitRun {
   int export_init() {
     tg::io::save_safetensors(o_.export_init, params_, {{"model", o_.model.str()}, {"seed", std::to_string(o_.seed)}});
     std::cout << "wrote the initial parameters to " << o_.export_init << " (" << tg::tree_count(params_)
-              << " floats, SHA-256 of the f32 bytes " << params_digest(params_) << ")\n";
+              << " floats, SHA-256 of the f32 bytes " << fm::params_digest(params_) << ")\n";
     return 0;
   }
 
@@ -177,7 +144,7 @@ class VitRun {
     const double loss = la.first.item(), norm = tg::global_norm(grads).item();
     const double want_loss = g.at("loss"), want_norm = g.at("grad_global_norm");
     const double loss_err = std::fabs(loss - want_loss) / std::fabs(want_loss), norm_err = std::fabs(norm - want_norm) / std::fabs(want_norm);
-    const std::string digest = params_digest(params_), want_digest = g.at("params_digest");
+    const std::string digest = fm::params_digest(params_), want_digest = g.at("params_digest");
     fm::Table t{"first batch (f32): tapegrad vs JAX", {"quantity", "tapegrad", "JAX", "relative difference"}, {}};
     t.rows.push_back({"initial parameters (SHA-256 of the f32 bytes)", digest.substr(0, 16) + "...", want_digest.substr(0, 16) + "...",
                       digest == want_digest ? "identical" : "DIFFERENT"});
@@ -336,12 +303,12 @@ class VitRun {
     const auto w = weights.back().to_vector();  // (1, heads, 16, 16)
     const int T = static_cast<int>(o_.model.tokens()), g = static_cast<int>(o_.model.image / o_.model.patch);
     const std::uint8_t* pixels = px.data() + image * 784;
-    std::string html = img_tag(fm::image_grid({{pixels, 255, 255, 255}}, 1, 2),
+    std::string html = fm::img_tag(fm::image_grid({{pixels, 255, 255, 255}}, 1, 2),
                                "image " + std::to_string(image) + ": " + fm::class_names[labels[static_cast<std::size_t>(image)]]);
     json heads = json::array();
     for (int h = 0; h < static_cast<int>(o_.model.heads); ++h) {
       const std::vector<float> m(w.begin() + h * T * T, w.begin() + (h + 1) * T * T);
-      html += img_tag(heatmap(m, T, T, 8), "head " + std::to_string(h) + ": query x key");
+      html += fm::img_tag(fm::heatmap(m, T, T, 8), "head " + std::to_string(h) + ": query x key");
       std::vector<float> received(static_cast<std::size_t>(T), 0.0f);
       for (int q = 0; q < T; ++q)
         for (int k = 0; k < T; ++k) received[static_cast<std::size_t>(k)] += m[static_cast<std::size_t>(q * T + k)] / static_cast<float>(T);
@@ -355,7 +322,7 @@ class VitRun {
           over.set(xx, y, static_cast<std::uint8_t>(255 * (1 - v) * (1 - 0.6f * a)), static_cast<std::uint8_t>(255 * (1 - v) * (1 - 0.3f * a)),
                    static_cast<std::uint8_t>(255 * (1 - v)));
         }
-      html += img_tag(over, "head " + std::to_string(h) + ": attention received");
+      html += fm::img_tag(over, "head " + std::to_string(h) + ": attention received");
       heads.push_back(m);
     }
     log_.html("<div>" + html + "</div>");
