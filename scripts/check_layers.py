@@ -11,7 +11,7 @@ first, is LAYERS below. The check, per header and per folder:
 - the vendor APIs are named only in their layers: CUDA runtime, cuBLAS/cuBLASLt, cuDNN and oneDNN names,
   kernel launches (<<< >>>) and __global__ only in runtime/ and backend/; OpenMP (#pragma omp, omp_*)
   only in runtime/ and backend/; nothing above runtime/ and backend/ writes `#if ... TG_WITH_CUDA` except
-  dist/ (NCCL, its own transport);
+  distributed/ (NCCL, its own transport);
 - every folder is a layer, so a new folder is placed deliberately.
 
   scripts/check_layers.py [-v] [include_dir]   exit 0: clean; 1: each violation printed; -v: each layer's
@@ -38,13 +38,13 @@ LAYERS = [
     ("compile", "tg::compile"),
     ("data", "IDX files, fixed batches"),
     ("io", "safetensors checkpoints"),
-    ("dist", "data parallelism over MPI and NCCL"),
+    ("distributed", "data parallelism over MPI and NCCL"),
     ("umbrella", "tapegrad.hpp, build_info.hpp"),
 ]
 NAMES = [name for name, _ in LAYERS]
 VENDOR_LAYERS = {"runtime", "backend"}
-# dist speaks NCCL (its own transport) and keeps its #if TG_WITH_CUDA; it names no CUDA API.
-CUDA_IF_LAYERS = VENDOR_LAYERS | {"config", "base", "dist", "umbrella"}
+# distributed/ speaks NCCL (its own transport) and keeps its #if TG_WITH_CUDA; it names no CUDA API.
+CUDA_IF_LAYERS = VENDOR_LAYERS | {"config", "base", "distributed", "umbrella"}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](tapegrad/[^>"]+)[>"]')
 ANY_INCLUDE = re.compile(r"^\s*#\s*include\b")

@@ -5,7 +5,7 @@
 
 #include <tapegrad/tapegrad.hpp>
 #if defined(TG_WITH_DIST)
-#include <tapegrad/dist/dist.hpp>
+#include <tapegrad/distributed/distributed.hpp>
 #endif
 
 #include <cmath>

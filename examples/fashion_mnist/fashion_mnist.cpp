@@ -25,7 +25,7 @@
 #include <vector>
 
 #if defined(TG_WITH_DIST)
-#include <tapegrad/dist/dist.hpp>
+#include <tapegrad/distributed/distributed.hpp>
 #endif
 
 #include "../common/cli.hpp"

@@ -1,4 +1,4 @@
-// tapegrad: the umbrella header. Include this one; it only includes the public headers (dist/, which
+// tapegrad: the umbrella header. Include this one; it only includes the public headers (distributed/, which
 // needs tapegrad::dist, is included on its own).
 #pragma once
 

@@ -1,6 +1,6 @@
 // A consumer of the installed tapegrad::dist: one process (a singleton MPI job) averages a tree.
 #include <tapegrad/tapegrad.hpp>
-#include <tapegrad/dist/dist.hpp>
+#include <tapegrad/distributed/distributed.hpp>
 
 #include <cstdio>
 

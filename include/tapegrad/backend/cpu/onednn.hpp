@@ -70,6 +70,75 @@ struct GemmShape {
   friend bool operator<(const GemmShape& a, const GemmShape& b) { return a.key() < b.key(); }
 };
 
+/// What every user of oneDNN here sets up, written once: its handles as unique_ptrs that destroy them (the
+/// C API's create / destroy pairs), the CPU engine with a stream on it, and an eltwise post-op attribute.
+namespace onednn {
+
+template <class H, dnnl_status_t (*Destroy)(H)>
+struct Deleter {
+  void operator()(H h) const { (void)Destroy(h); }
+};
+using EnginePtr = std::unique_ptr<dnnl_engine, Deleter<dnnl_engine_t, dnnl_engine_destroy>>;
+using StreamPtr = std::unique_ptr<dnnl_stream, Deleter<dnnl_stream_t, dnnl_stream_destroy>>;
+using PrimitivePtr = std::unique_ptr<dnnl_primitive, Deleter<dnnl_primitive_t, dnnl_primitive_destroy>>;
+using MemoryPtr = std::unique_ptr<dnnl_memory, Deleter<dnnl_memory_t, dnnl_memory_destroy>>;
+using PdPtr = std::unique_ptr<dnnl_primitive_desc, Deleter<dnnl_primitive_desc_t, dnnl_primitive_desc_destroy>>;
+using AttrPtr = std::unique_ptr<dnnl_primitive_attr, Deleter<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy>>;
+using PostOpsPtr = std::unique_ptr<dnnl_post_ops, Deleter<dnnl_post_ops_t, dnnl_post_ops_destroy>>;
+
+/// The CPU engine and an in-order stream on it. Each user (the GEMMs and eltwise kernels, the convolutions)
+/// keeps its own and uses it under its own lock: a stream is not shared between threads.
+class Engine {
+ public:
+  Engine() {
+    dnnl_engine_t e = nullptr;
+    TG_DNNL_CHECK(dnnl_engine_create(&e, dnnl_cpu, 0));
+    engine_.reset(e);
+    dnnl_stream_t s = nullptr;
+    TG_DNNL_CHECK(dnnl_stream_create(&s, engine_.get(), dnnl_stream_default_flags));
+    stream_.reset(s);
+  }
+
+  dnnl_engine_t get() const { return engine_.get(); }
+
+  /// A memory object for `md` on this engine: its data handle set per call (DNNL_MEMORY_NONE), or a
+  /// buffer of its own (DNNL_MEMORY_ALLOCATE).
+  MemoryPtr memory(const dnnl_memory_desc_t* md, void* handle = DNNL_MEMORY_NONE) const {
+    dnnl_memory_t m = nullptr;
+    TG_DNNL_CHECK(dnnl_memory_create(&m, md, engine_.get(), handle));
+    return MemoryPtr(m);
+  }
+
+  /// Queues `p` on the stream with its arguments.
+  void execute(dnnl_primitive_t p, int n_args, const dnnl_exec_arg_t* args) const {
+    TG_DNNL_CHECK(dnnl_primitive_execute(p, stream_.get(), n_args, args));
+  }
+
+  /// Blocks until everything queued has run.
+  void wait() const { TG_DNNL_CHECK(dnnl_stream_wait(stream_.get())); }
+
+ private:
+  EnginePtr engine_;
+  StreamPtr stream_;
+};
+
+/// A primitive attribute with `post_op` appended as an eltwise post-op (none when its algorithm is undef).
+inline AttrPtr attr_with_post_op(Eltwise post_op) {
+  dnnl_primitive_attr_t raw = nullptr;
+  TG_DNNL_CHECK(dnnl_primitive_attr_create(&raw));
+  AttrPtr attr(raw);
+  if (post_op.alg != dnnl_alg_kind_undef) {
+    dnnl_post_ops_t po_raw = nullptr;
+    TG_DNNL_CHECK(dnnl_post_ops_create(&po_raw));
+    PostOpsPtr po(po_raw);
+    TG_DNNL_CHECK(dnnl_post_ops_append_eltwise(po.get(), 1.0f, post_op.alg, post_op.alpha, 0.0f));
+    TG_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr.get(), po.get()));
+  }
+  return attr;
+}
+
+}  // namespace onednn
+
 /// The process-wide oneDNN engine, stream and primitive cache.
 class OneDnn {
  public:
@@ -116,8 +185,8 @@ class OneDnn {
       TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.bias.get(), const_cast<float*>(bias)));
       args[n_args++] = {DNNL_ARG_BIAS, p.bias.get()};
     }
-    TG_DNNL_CHECK(dnnl_primitive_execute(p.primitive.get(), stream_.get(), n_args, args));
-    TG_DNNL_CHECK(dnnl_stream_wait(stream_.get()));
+    engine_.execute(p.primitive.get(), n_args, args);
+    engine_.wait();
   }
 
   /// True when oneDNN has the eltwise kernels for `op` on elements of `type` on this CPU (f32 always;
@@ -152,37 +221,21 @@ class OneDnn {
       TG_DNNL_CHECK(dnnl_memory_set_data_handle(p.b.get(), const_cast<void*>(dy)));
       args[n_args++] = {DNNL_ARG_DIFF_DST, p.b.get()};
     }
-    TG_DNNL_CHECK(dnnl_primitive_execute(p.primitive.get(), stream_.get(), n_args, args));
-    TG_DNNL_CHECK(dnnl_stream_wait(stream_.get()));
+    engine_.execute(p.primitive.get(), n_args, args);
+    engine_.wait();
   }
 
  private:
-  template <class H, dnnl_status_t (*Destroy)(H)>
-  struct Deleter {
-    void operator()(H h) const { (void)Destroy(h); }
-  };
-  using EnginePtr = std::unique_ptr<dnnl_engine, Deleter<dnnl_engine_t, dnnl_engine_destroy>>;
-  using StreamPtr = std::unique_ptr<dnnl_stream, Deleter<dnnl_stream_t, dnnl_stream_destroy>>;
-  using PrimitivePtr = std::unique_ptr<dnnl_primitive, Deleter<dnnl_primitive_t, dnnl_primitive_destroy>>;
-  using MemoryPtr = std::unique_ptr<dnnl_memory, Deleter<dnnl_memory_t, dnnl_memory_destroy>>;
-  using PdPtr = std::unique_ptr<dnnl_primitive_desc, Deleter<dnnl_primitive_desc_t, dnnl_primitive_desc_destroy>>;
-  using AttrPtr = std::unique_ptr<dnnl_primitive_attr, Deleter<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy>>;
-  using PostOpsPtr = std::unique_ptr<dnnl_post_ops, Deleter<dnnl_post_ops_t, dnnl_post_ops_destroy>>;
+  using MemoryPtr = onednn::MemoryPtr;
+  using PdPtr = onednn::PdPtr;
 
   /// A cached primitive with memory objects whose data handles are swapped in per call.
   struct Primitive {
-    PrimitivePtr primitive;
+    onednn::PrimitivePtr primitive;
     MemoryPtr a, b, c, bias;
   };
 
-  OneDnn() {
-    dnnl_engine_t e = nullptr;
-    TG_DNNL_CHECK(dnnl_engine_create(&e, dnnl_cpu, 0));
-    engine_.reset(e);
-    dnnl_stream_t s = nullptr;
-    TG_DNNL_CHECK(dnnl_stream_create(&s, engine_.get(), dnnl_stream_default_flags));
-    stream_.reset(s);
-  }
+  OneDnn() = default;
 
   /// Builds the primitive for `s`; returns oneDNN's status (dnnl_unimplemented where the CPU lacks it).
   dnnl_status_t make(const GemmShape& s, Primitive& out) {
@@ -210,16 +263,7 @@ class OneDnn {
     dnnl_matmul_desc_t desc;
     TG_DNNL_CHECK(dnnl_matmul_desc_init(&desc, &a_md, &b_md, s.bias ? &bias_md : nullptr, &c_md));
 
-    dnnl_primitive_attr_t attr_raw = nullptr;
-    TG_DNNL_CHECK(dnnl_primitive_attr_create(&attr_raw));
-    AttrPtr attr(attr_raw);
-    if (s.post_op.alg != dnnl_alg_kind_undef) {
-      dnnl_post_ops_t po_raw = nullptr;
-      TG_DNNL_CHECK(dnnl_post_ops_create(&po_raw));
-      PostOpsPtr po(po_raw);
-      TG_DNNL_CHECK(dnnl_post_ops_append_eltwise(po.get(), 1.0f, s.post_op.alg, s.post_op.alpha, 0.0f));
-      TG_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr.get(), po.get()));
-    }
+    const onednn::AttrPtr attr = onednn::attr_with_post_op(s.post_op);
     dnnl_primitive_desc_t pd_raw = nullptr;
     const dnnl_status_t st = dnnl_primitive_desc_create(&pd_raw, &desc, attr.get(), engine_.get(), nullptr);
     if (st != dnnl_success) return st;
@@ -227,15 +271,10 @@ class OneDnn {
     dnnl_primitive_t prim = nullptr;
     TG_DNNL_CHECK(dnnl_primitive_create(&prim, pd.get()));
     out.primitive.reset(prim);
-    auto memory = [&](const dnnl_memory_desc_t& md) {
-      dnnl_memory_t m = nullptr;
-      TG_DNNL_CHECK(dnnl_memory_create(&m, &md, engine_.get(), DNNL_MEMORY_NONE));
-      return MemoryPtr(m);
-    };
-    out.a = memory(a_md);
-    out.b = memory(b_md);
-    out.c = memory(c_md);
-    if (s.bias) out.bias = memory(bias_md);
+    out.a = engine_.memory(&a_md);
+    out.b = engine_.memory(&b_md);
+    out.c = engine_.memory(&c_md);
+    if (s.bias) out.bias = engine_.memory(&bias_md);
     return dnnl_success;
   }
 
@@ -262,18 +301,12 @@ class OneDnn {
     dnnl_primitive_t prim = nullptr;
     TG_DNNL_CHECK(dnnl_primitive_create(&prim, pd.get()));
     p.primitive.reset(prim);
-    auto memory = [&] {
-      dnnl_memory_t m = nullptr;
-      TG_DNNL_CHECK(dnnl_memory_create(&m, &md, engine_.get(), DNNL_MEMORY_NONE));
-      return MemoryPtr(m);
-    };
-    p.a = memory(), p.c = memory();
-    if (backward) p.b = memory();
+    p.a = engine_.memory(&md), p.c = engine_.memory(&md);
+    if (backward) p.b = engine_.memory(&md);
     return p;
   }
 
-  EnginePtr engine_;
-  StreamPtr stream_;
+  onednn::Engine engine_;
   std::mutex mutex_;
   std::map<GemmShape, Primitive> cache_;
   std::map<std::tuple<Eltwise, bool, std::int64_t, GemmType>, Primitive> eltwise_cache_;

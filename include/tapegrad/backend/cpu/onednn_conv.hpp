@@ -22,7 +22,8 @@
 TG_BEGIN_NAMESPACE
 namespace cpu {
 
-/// The process-wide oneDNN convolutions: an engine and stream of their own, primitives cached per shape.
+/// The process-wide oneDNN convolutions: an engine and stream of their own (onednn::Engine), primitives cached
+/// per shape.
 class OneDnnConv {
  public:
   static OneDnnConv& instance() {
@@ -70,50 +71,28 @@ class OneDnnConv {
         args[n++] = {DNNL_ARG_SRC, e.x.get()}, args[n++] = {DNNL_ARG_DIFF_DST, e.y.get()}, args[n++] = {DNNL_ARG_DIFF_WEIGHTS, kernel};
         break;
     }
-    TG_DNNL_CHECK(dnnl_primitive_execute(e.primitive.get(), stream_.get(), n, args));
+    engine_.execute(e.primitive.get(), n, args);
     if (pass == ConvPass::backward_weights && e.reorder) reorder(e.reorder.get(), e.blocked.get(), e.user_w.get());
-    TG_DNNL_CHECK(dnnl_stream_wait(stream_.get()));
+    engine_.wait();
   }
 
  private:
-  template <class H, dnnl_status_t (*Destroy)(H)>
-  struct Deleter {
-    void operator()(H h) const { (void)Destroy(h); }
-  };
-  using EnginePtr = std::unique_ptr<dnnl_engine, Deleter<dnnl_engine_t, dnnl_engine_destroy>>;
-  using StreamPtr = std::unique_ptr<dnnl_stream, Deleter<dnnl_stream_t, dnnl_stream_destroy>>;
-  using PrimitivePtr = std::unique_ptr<dnnl_primitive, Deleter<dnnl_primitive_t, dnnl_primitive_destroy>>;
-  using MemoryPtr = std::unique_ptr<dnnl_memory, Deleter<dnnl_memory_t, dnnl_memory_destroy>>;
-  using PdPtr = std::unique_ptr<dnnl_primitive_desc, Deleter<dnnl_primitive_desc_t, dnnl_primitive_desc_destroy>>;
-  using AttrPtr = std::unique_ptr<dnnl_primitive_attr, Deleter<dnnl_primitive_attr_t, dnnl_primitive_attr_destroy>>;
-  using PostOpsPtr = std::unique_ptr<dnnl_post_ops, Deleter<dnnl_post_ops_t, dnnl_post_ops_destroy>>;
+  using MemoryPtr = onednn::MemoryPtr;
+  using PdPtr = onednn::PdPtr;
 
   /// A cached pass: the primitive, memory objects for x, y, the HWIO kernel and the bias whose data
   /// handles are swapped in per call, and (when the primitive chose another layout for the kernel) the
   /// reorder between HWIO and that layout with the buffer it owns.
   struct Entry {
-    PrimitivePtr primitive, reorder;
+    onednn::PrimitivePtr primitive, reorder;
     MemoryPtr x, y, user_w, blocked, bias;
   };
 
-  OneDnnConv() {
-    dnnl_engine_t e = nullptr;
-    TG_DNNL_CHECK(dnnl_engine_create(&e, dnnl_cpu, 0));
-    engine_.reset(e);
-    dnnl_stream_t s = nullptr;
-    TG_DNNL_CHECK(dnnl_stream_create(&s, engine_.get(), dnnl_stream_default_flags));
-    stream_.reset(s);
-  }
+  OneDnnConv() = default;
 
   void reorder(dnnl_primitive_t r, dnnl_memory_t from, dnnl_memory_t to) {
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
-    TG_DNNL_CHECK(dnnl_primitive_execute(r, stream_.get(), 2, args));
-  }
-
-  MemoryPtr memory(const dnnl_memory_desc_t* md, void* handle) {
-    dnnl_memory_t m = nullptr;
-    TG_DNNL_CHECK(dnnl_memory_create(&m, md, engine_.get(), handle));
-    return MemoryPtr(m);
+    engine_.execute(r, 2, args);
   }
 
   Entry make(backend::ConvPass pass, const backend::ConvProblem& p, GemmType type, Eltwise post_op) {
@@ -151,16 +130,8 @@ class OneDnnConv {
     TG_DNNL_CHECK(dnnl_dilated_convolution_forward_desc_init(&fwd, dnnl_forward_training, dnnl_convolution_direct, &x_md, &w_any,
                                                              p.bias && pass == ConvPass::forward ? &bias_md : nullptr, &y_md, strides,
                                                              dilates, pad_l, pad_r));
-    dnnl_primitive_attr_t attr_raw = nullptr;
-    TG_DNNL_CHECK(dnnl_primitive_attr_create(&attr_raw));
-    AttrPtr attr(attr_raw);
-    if (pass == ConvPass::forward && post_op.alg != dnnl_alg_kind_undef) {
-      dnnl_post_ops_t po_raw = nullptr;
-      TG_DNNL_CHECK(dnnl_post_ops_create(&po_raw));
-      PostOpsPtr po(po_raw);
-      TG_DNNL_CHECK(dnnl_post_ops_append_eltwise(po.get(), 1.0f, post_op.alg, post_op.alpha, 0.0f));
-      TG_DNNL_CHECK(dnnl_primitive_attr_set_post_ops(attr.get(), po.get()));
-    }
+    // The post-op on the forward pass only (the backward passes are not fused).
+    const onednn::AttrPtr attr = onednn::attr_with_post_op(pass == ConvPass::forward ? post_op : Eltwise{});
     dnnl_primitive_desc_t raw = nullptr;
     dnnl_status_t st = dnnl_primitive_desc_create(&raw, &fwd, attr.get(), engine_.get(), nullptr);
     if (st != dnnl_success) fail(st, "forward convolution");
@@ -184,15 +155,15 @@ class OneDnnConv {
     dnnl_primitive_t prim = nullptr;
     TG_DNNL_CHECK(dnnl_primitive_create(&prim, pd.get()));
     e.primitive.reset(prim);
-    e.x = memory(&x_md, DNNL_MEMORY_NONE);
-    e.y = memory(&y_md, DNNL_MEMORY_NONE);
-    e.user_w = memory(&w_user, DNNL_MEMORY_NONE);
-    if (p.bias && pass == ConvPass::forward) e.bias = memory(&bias_md, DNNL_MEMORY_NONE);
+    e.x = engine_.memory(&x_md);
+    e.y = engine_.memory(&y_md);
+    e.user_w = engine_.memory(&w_user);
+    if (p.bias && pass == ConvPass::forward) e.bias = engine_.memory(&bias_md);
     // The layout the primitive chose for the kernel, and the reorder to or from HWIO when it differs.
     const dnnl_memory_desc_t* chosen =
         dnnl_primitive_desc_query_md(pd.get(), pass == ConvPass::backward_weights ? dnnl_query_diff_weights_md : dnnl_query_weights_md, 0);
     if (dnnl_memory_desc_equal(chosen, &w_user) == 0) {
-      e.blocked = memory(chosen, DNNL_MEMORY_ALLOCATE);
+      e.blocked = engine_.memory(chosen, DNNL_MEMORY_ALLOCATE);
       const bool to_user = pass == ConvPass::backward_weights;
       raw = nullptr;
       TG_DNNL_CHECK(dnnl_reorder_primitive_desc_create(&raw, to_user ? chosen : &w_user, engine_.get(), to_user ? &w_user : chosen,
@@ -205,8 +176,7 @@ class OneDnnConv {
     return e;
   }
 
-  EnginePtr engine_;
-  StreamPtr stream_;
+  onednn::Engine engine_;
   std::mutex mutex_;
   std::map<std::tuple<backend::ConvPass, backend::ConvProblem, GemmType, Eltwise>, Entry> cache_;
 };

@@ -4,7 +4,7 @@
 // codelab MLP's gradients. `--fail-rank R` makes rank R fail before a collective: every rank must exit
 // (MPI_Abort) with a message instead of waiting forever. Prints "ok"/"FAIL" lines; exit status 1 on FAIL.
 #include <tapegrad/tapegrad.hpp>
-#include <tapegrad/dist/dist.hpp>
+#include <tapegrad/distributed/distributed.hpp>
 
 #include <chrono>
 #include <cmath>

@@ -2,7 +2,7 @@
 // one GPU per rank. Exits 77 (skipped) where a rank has no GPU; in CI this proves the NCCL path compiles
 // and links.
 #include <tapegrad/tapegrad.hpp>
-#include <tapegrad/dist/dist.hpp>
+#include <tapegrad/distributed/distributed.hpp>
 
 #include <cstdio>
 
