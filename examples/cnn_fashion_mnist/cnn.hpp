@@ -13,6 +13,8 @@
 #include <tuple>
 #include <utility>
 
+#include "../common/layers.hpp"
+
 namespace cnn {
 
 template <class D>
@@ -31,21 +33,8 @@ struct Config {
   }
 };
 
-/// flax.linen.Conv's parameters: the kernel (kh, kw, in, out) HWIO and the bias (out,); "SAME" padding.
-template <class D, class T = float>
-struct Conv {
-  tg::Tensor<T, D> w, b;
-  tg::Tensor<T, D> operator()(const tg::Tensor<T, D>& x, tg::Activation act = tg::Activation::none) const { return tg::conv(x, w, b, act); }
-};
-TG_PYTREE(Conv, w, b)
-
-/// flax.linen.Dense's parameters: the kernel (in, out) and the bias (out,).
-template <class D, class T = float>
-struct Dense {
-  tg::Tensor<T, D> w, b;
-  tg::Tensor<T, D> operator()(const tg::Tensor<T, D>& x, tg::Activation act = tg::Activation::none) const { return tg::linear(x, w, b, act); }
-};
-TG_PYTREE(Dense, w, b)
+using examples::Conv;
+using examples::Dense;
 
 template <class D, class T = float>
 struct Cnn {
@@ -85,15 +74,11 @@ Tensor<D> forward(const Cnn<D>& params, const Tensor<D>& x, const Config& c, tg:
 /// The mean softmax cross-entropy and, as aux, the batch accuracy.
 template <class C, class D>
 std::pair<Tensor<D>, Tensor<D>> loss_with_metrics(const Cnn<D>& p, const Tensor<D>& x, const Labels<D>& y, const Config& c) {
-  const auto logits = forward<C>(p, x, c);
-  return {tg::mean(tg::softmax_cross_entropy_with_integer_labels(logits, y)), tg::accuracy(logits, y)};
+  return examples::loss_and_accuracy(forward<C>(p, x, c), y);
 }
 
 template <class D>
-struct Metrics {
-  Tensor<D> loss, accuracy, grad_norm;
-};
-TG_PYTREE(Metrics, loss, accuracy, grad_norm)
+using Metrics = examples::StepMetrics<D>;
 
 /// The optimizer: AdamW with a cosine decay from the peak rate (optax.adamw(cosine_decay_schedule)).
 struct OptimConfig {
@@ -111,17 +96,13 @@ template <class C, class D, class Optimizer, class State>
 std::tuple<Cnn<D>, State, Metrics<D>> train_step(const Optimizer& optimizer, const Config& c, const Cnn<D>& params, const State& opt_state,
                                                  const Tensor<D>& x, const Labels<D>& y) {
   auto loss_fn = [&c](const Cnn<D>& p, const Tensor<D>& xb, const Labels<D>& yb) { return loss_with_metrics<C>(p, xb, yb, c); };
-  auto [loss_and_accuracy, grads] = tg::value_and_grad(loss_fn, tg::has_aux)(params, x, y);
-  auto [updates, next_state] = optimizer.update(grads, opt_state, params);
-  Metrics<D> metrics{loss_and_accuracy.first, loss_and_accuracy.second, tg::global_norm(grads)};
-  return {tg::optim::apply_updates(params, updates), next_state, metrics};
+  return examples::classifier_step(loss_fn, optimizer, params, opt_state, x, y);
 }
 
 /// evaluate(params, batch): the summed loss and the predicted classes.
 template <class D>
 std::tuple<Tensor<D>, Labels<D>> evaluate(const Cnn<D>& params, const Tensor<D>& x, const Labels<D>& y, const Config& c) {
-  const auto logits = forward<float>(params, x, c);
-  return {tg::sum(tg::softmax_cross_entropy_with_integer_labels(logits, y)), tg::argmax(logits, 1)};
+  return examples::evaluate_logits(forward<float>(params, x, c), y);
 }
 
 }  // namespace cnn

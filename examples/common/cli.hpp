@@ -1,7 +1,7 @@
 // The examples' command line and main: the options both have, the device picked at run time
 // (tg::with_device: one body, a template on the device), the compute dtype as a template parameter, and
 // the exit codes: 0 done; 1 an error, or a training that diverged; 2 bad input (options, data, --out),
-// said before any training. Shared by the examples (fashion_mnist, vit_fashion_mnist, dp_sgd).
+// said before any training. Shared by the examples (namespace examples).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -14,7 +14,7 @@
 
 #include "dataset.hpp"
 
-namespace fashion_mnist {
+namespace examples {
 
 /// The options both examples have.
 struct CommonOptions {
@@ -80,4 +80,4 @@ int run_main(const char* program, Body&& body, const std::function<void(const st
   }
 }
 
-}  // namespace fashion_mnist
+}  // namespace examples

@@ -17,7 +17,7 @@
 
 #include <tapegrad/tapegrad.hpp>
 
-namespace fashion_mnist {
+namespace examples {
 
 namespace fs = std::filesystem;
 
@@ -222,4 +222,4 @@ std::string params_digest(const P& params) {
   return hex_digest(EVP_sha256(), bytes);
 }
 
-}  // namespace fashion_mnist
+}  // namespace examples

@@ -12,7 +12,7 @@
 #include "dataset.hpp"
 #include "report.hpp"
 
-namespace fashion_mnist {
+namespace examples {
 
 /// The logged steps of a training: step, loss, batch accuracy and, where logged, the gradient norm.
 struct History {
@@ -82,4 +82,4 @@ inline nlohmann::ordered_json report_confusion(Log& log, const std::vector<std::
   return counts;
 }
 
-}  // namespace fashion_mnist
+}  // namespace examples

@@ -19,7 +19,7 @@
 
 #include "dataset.hpp"
 
-namespace fashion_mnist {
+namespace examples {
 
 /// Writes `bytes` to `path` through a temporary file and a rename: a file under --out is whole or absent.
 inline void write_whole(const std::filesystem::path& path, const std::string& bytes) {
@@ -68,4 +68,4 @@ inline void check_output_dir(const std::string& out) {
   for (const fs::path& p : created) fs::remove(p, ec);  // deepest first
 }
 
-}  // namespace fashion_mnist
+}  // namespace examples

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace fashion_mnist {
+namespace examples {
 
 inline std::string html_escape(const std::string& s) {
   std::string out;
@@ -421,4 +421,4 @@ inline std::string img_tag(const Image& img, const std::string& caption) {
          html_escape(caption) + "</figcaption></figure>";
 }
 
-}  // namespace fashion_mnist
+}  // namespace examples

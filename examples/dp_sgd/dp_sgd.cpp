@@ -26,14 +26,15 @@
 #include "../common/evaluation.hpp"
 #include "../common/outputs.hpp"
 #include "../common/report.hpp"
+#include "accountant.hpp"
 #include "dp_sgd.hpp"
 
-namespace fm = fashion_mnist;
+namespace ex = examples;
 using json = nlohmann::ordered_json;
 
 namespace {
 
-struct Options : fm::CommonOptions {
+struct Options : ex::CommonOptions {
   dp_sgd::Privacy privacy;
   int epochs = 3;
   std::int64_t batch = 512;
@@ -42,7 +43,7 @@ struct Options : fm::CommonOptions {
   int log_every = 20;
   int bench = 0;      ///< time this many compiled steps, print one JSON line and exit
   std::uint32_t seed = 0;
-  std::string golden = DP_SGD_GOLDEN;
+  std::string golden = EXAMPLE_GOLDEN;
   bool check_golden = false;
 };
 
@@ -57,7 +58,7 @@ class DpRun {
   using Optimizer = decltype(tg::optim::sgd(0.1, 0.9));
   using State = decltype(std::declval<const Optimizer&>().init(std::declval<const Params&>()));
 
-  DpRun(const Options& o, const fm::Loaded& data, json& metrics, fm::Report& report)
+  DpRun(const Options& o, const ex::Loaded& data, json& metrics, ex::Report& report)
       : o_(o), data_(data), metrics_(metrics), log_(report, o.quiet), optimizer_(tg::optim::sgd(o.lr, o.momentum)) {}
 
   int run() {
@@ -94,17 +95,17 @@ class DpRun {
   void settings() {
     const double q = static_cast<double>(o_.batch) / static_cast<double>(data_.train.labels.size());
     log_.heading("DP-SGD", "The codelab's MLP (784-256-128-10, GELU) trained with differential privacy on " + tg::device_name<D>() +
-                               ": each example's gradient clipped to L2 norm " + fm::fmt("%g", o_.privacy.l2_norm_clip) +
-                               ", summed, Gaussian noise of standard deviation " + fm::fmt("%g", o_.privacy.noise_multiplier) + " x " +
-                               fm::fmt("%g", o_.privacy.l2_norm_clip) + " added, divided by the batch of " + std::to_string(o_.batch) +
+                               ": each example's gradient clipped to L2 norm " + ex::fmt("%g", o_.privacy.l2_norm_clip) +
+                               ", summed, Gaussian noise of standard deviation " + ex::fmt("%g", o_.privacy.noise_multiplier) + " x " +
+                               ex::fmt("%g", o_.privacy.l2_norm_clip) + " added, divided by the batch of " + std::to_string(o_.batch) +
                                "; then SGD with momentum. Per-example gradients come from tg::vmap(tg::grad(example_loss)).");
-    fm::Table t{"settings", {"setting", "value"}, {}};
-    t.rows = {{"batch size (sampling rate q)", std::to_string(o_.batch) + " (" + fm::fmt("%.5f", q) + ")"},
-              {"L2 norm clip C", fm::fmt("%g", o_.privacy.l2_norm_clip)},
-              {"noise multiplier sigma", fm::fmt("%g", o_.privacy.noise_multiplier)},
-              {"optimizer", "sgd(" + fm::fmt("%g", o_.lr) + ", momentum " + fm::fmt("%g", o_.momentum) + ")"},
+    ex::Table t{"settings", {"setting", "value"}, {}};
+    t.rows = {{"batch size (sampling rate q)", std::to_string(o_.batch) + " (" + ex::fmt("%.5f", q) + ")"},
+              {"L2 norm clip C", ex::fmt("%g", o_.privacy.l2_norm_clip)},
+              {"noise multiplier sigma", ex::fmt("%g", o_.privacy.noise_multiplier)},
+              {"optimizer", "sgd(" + ex::fmt("%g", o_.lr) + ", momentum " + ex::fmt("%g", o_.momentum) + ")"},
               {"epochs", std::to_string(o_.epochs)},
-              {"delta", fm::fmt("%g", o_.delta)}};
+              {"delta", ex::fmt("%g", o_.delta)}};
     log_.show(t);
     metrics_["settings"] = {{"batch", o_.batch}, {"l2_norm_clip", o_.privacy.l2_norm_clip}, {"noise_multiplier", o_.privacy.noise_multiplier},
                             {"lr", o_.lr}, {"momentum", o_.momentum}, {"epochs", o_.epochs}, {"delta", o_.delta}, {"device", tg::device_name<D>()}};
@@ -117,8 +118,8 @@ class DpRun {
     const auto [test_x, test_y] = test_batches();
     auto evaluate = tg::compile(&codelab::evaluate_batches<D>);
     const double q = static_cast<double>(o_.batch) / static_cast<double>(data_.train.labels.size());
-    fm::History history;
-    fm::Table epochs{"after each epoch", {"epoch", "steps", "test accuracy", "test loss", "epsilon (delta " + fm::fmt("%g", o_.delta) + ")"}, {}};
+    ex::History history;
+    ex::Table epochs{"after each epoch", {"epoch", "steps", "test accuracy", "test loss", "epsilon (delta " + ex::fmt("%g", o_.delta) + ")"}, {}};
     json per_epoch = json::array();
     int step = 0;
     double train_seconds = 0;
@@ -127,7 +128,7 @@ class DpRun {
                              "norm and the fraction of examples clipped.");
     for (int epoch = 0; epoch < o_.epochs && !(o_.max_steps && step >= o_.max_steps); ++epoch) {
       const auto batches = epoch_batches(epoch, o_.batch);
-      fm::Progress progress("epoch " + std::to_string(epoch + 1), static_cast<int>(batches.size()), o_.quiet);
+      ex::Progress progress("epoch " + std::to_string(epoch + 1), static_cast<int>(batches.size()), o_.quiet);
       for (std::size_t i = 0; i < batches.size() && !(o_.max_steps && step >= o_.max_steps); ++i) {
         const auto t0 = clock_type::now();
         auto [p, s, m] = step_fn(std::move(params), std::move(state), batches[i].x, batches[i].y, step_key(step));
@@ -136,10 +137,10 @@ class DpRun {
         const bool logged = step % o_.log_every == 0 || step == 1;
         if (logged) {
           const double loss = m.loss.item();  // synchronises
-          if (!std::isfinite(loss)) throw fm::Diverged("the training loss is " + std::to_string(loss) + " at step " + std::to_string(step));
+          if (!std::isfinite(loss)) throw ex::Diverged("the training loss is " + std::to_string(loss) + " at step " + std::to_string(step));
           history.step.push_back(step), history.loss.push_back(loss), history.accuracy.push_back(m.accuracy.item());
           history.grad_norm.push_back(m.mean_norm.item());
-          progress.update(static_cast<int>(i + 1), "loss " + fm::fmt("%.4f", loss) + ", clipped " + fm::fmt("%.2f", m.clipped.item()), true);
+          progress.update(static_cast<int>(i + 1), "loss " + ex::fmt("%.4f", loss) + ", clipped " + ex::fmt("%.2f", m.clipped.item()), true);
         } else {
           progress.update(static_cast<int>(i + 1), "", false);
         }
@@ -153,23 +154,23 @@ class DpRun {
       for (std::size_t k = 0; k < yv.size(); ++k) correct += pv[k] == yv[k];
       const double n = static_cast<double>(yv.size()), acc = static_cast<double>(correct) / n;
       const double eps = dp_sgd::epsilon(q, o_.privacy.noise_multiplier, step, o_.delta);
-      epochs.rows.push_back({std::to_string(epoch + 1), std::to_string(step), fm::fmt("%.4f", acc), fm::fmt("%.4f", loss_sum / n), fm::fmt("%.3f", eps)});
+      epochs.rows.push_back({std::to_string(epoch + 1), std::to_string(step), ex::fmt("%.4f", acc), ex::fmt("%.4f", loss_sum / n), ex::fmt("%.3f", eps)});
       per_epoch.push_back({{"epoch", epoch + 1}, {"steps", step}, {"test_accuracy", acc}, {"test_loss", loss_sum / n}, {"epsilon", eps}});
     }
-    metrics_["history"] = fm::report_history(log_, "logged steps (the last column: mean per-example gradient norm)", history);
+    metrics_["history"] = ex::report_history(log_, "logged steps (the last column: mean per-example gradient norm)", history);
     log_.show(epochs);
     metrics_["epochs"] = per_epoch;
     // The clock stops after each step's host-side call returns; the logged steps read a metric, which waits
     // for the device: the rate is the work done, synchronised at the logged steps and at the end.
     const double eps_per_sec = train_seconds > 0 ? static_cast<double>(timed_examples) / train_seconds : 0.0;
-    fm::Table tp{"throughput", {"measure", "value"}, {}};
-    tp.rows.push_back({"examples/sec (per-example gradients, clipping, noise and the update; the first step excluded)", fm::grouped(eps_per_sec)});
+    ex::Table tp{"throughput", {"measure", "value"}, {}};
+    tp.rows.push_back({"examples/sec (per-example gradients, clipping, noise and the update; the first step excluded)", ex::grouped(eps_per_sec)});
     log_.show(tp);
     metrics_["throughput"] = {{"examples_per_sec", eps_per_sec}};
     if (!per_epoch.empty()) {
       metrics_["test"] = {{"accuracy", per_epoch.back()["test_accuracy"]}, {"loss", per_epoch.back()["test_loss"]}};
       metrics_["privacy"] = {{"epsilon", per_epoch.back()["epsilon"]}, {"delta", o_.delta}, {"steps", step}, {"sampling_rate", q}};
-      log_.say("Privacy spent: (" + fm::fmt("%.3f", per_epoch.back()["epsilon"].get<double>()) + ", " + fm::fmt("%g", o_.delta) +
+      log_.say("Privacy spent: (" + ex::fmt("%.3f", per_epoch.back()["epsilon"].get<double>()) + ", " + ex::fmt("%g", o_.delta) +
                ")-DP after " + std::to_string(step) + " steps, by the Renyi DP of the sampled Gaussian mechanism (as TensorFlow Privacy and "
                "Opacus account; the fixed batches are treated as Poisson samples, as JAX's DP-SGD example does).");
     }
@@ -187,7 +188,7 @@ class DpRun {
   /// norm, and the loss after one DP-SGD step with fold_in(key(0), 0), against the JAX reference.
   int beside_jax() {
     std::ifstream in(o_.golden);
-    if (!in) throw fm::DataError("--golden " + o_.golden + ": cannot open the JAX reference's values (scripts/dp_sgd_reference.py golden)");
+    if (!in) throw ex::DataError("--golden " + o_.golden + ": cannot open the JAX reference's values (scripts/dp_sgd_reference.py golden)");
     const json golden = json::parse(in);
     const auto b = epoch_batches(0, 512)[0];
     const Params p = codelab::init_mlp_params<D>(tg::random::key(1));
@@ -245,9 +246,9 @@ class DpRun {
   }
 
   const Options& o_;
-  const fm::Loaded& data_;
+  const ex::Loaded& data_;
   json& metrics_;
-  fm::Log log_;
+  ex::Log log_;
   Optimizer optimizer_;
 };
 
@@ -272,20 +273,20 @@ int main(int argc, char** argv) {
   app.add_option("--bench", o.bench, "time this many compiled steps after one warm-up step, print examples/sec as JSON and exit")->check(CLI::Range(0, 1000000));
   app.add_option("--golden", o.golden, "the JAX reference's values (scripts/dp_sgd_reference.py golden)")->capture_default_str();
   app.add_flag("--check-golden", o.check_golden, "only compare per-example gradient norms and one step with JAX; exit 0 when they match, 1 when not");
-  fm::add_device_data_output_options(app, o);  // no --dtype: DP-SGD here computes in f32
+  ex::add_device_data_output_options(app, o);  // no --dtype: DP-SGD here computes in f32
   CLI11_PARSE(app, argc, argv);
-  return fm::run_main("dp_sgd", [&] {
-    fm::check_device_option(o.device);
-    const fm::Loaded data = fm::find_and_load(o.data_dir, !o.no_download, true, o.quiet || o.bench > 0);
+  return ex::run_main("dp_sgd", [&] {
+    ex::check_device_option(o.device);
+    const ex::Loaded data = ex::find_and_load(o.data_dir, !o.no_download, true, o.quiet || o.bench > 0);
     const bool report = !o.check_golden && o.bench == 0;
-    if (report) fm::check_output_dir(o.out);  // before training, not after it
+    if (report) ex::check_output_dir(o.out);  // before training, not after it
     json metrics;
-    fm::Report html;
+    ex::Report html;
     const auto t0 = clock_type::now();
     const int rc = tg::with_device(o.device, [&]<class D>() { return DpRun<D>(o, data, metrics, html).run(); });
     if (!report) return rc;
     metrics["seconds"] = seconds_since(t0);
-    fm::write_metrics_and_report(o.out, metrics.dump(2) + "\n", html.document("tapegrad: DP-SGD on Fashion-MNIST"), o.quiet, seconds_since(t0));
+    ex::write_metrics_and_report(o.out, metrics.dump(2) + "\n", html.document("tapegrad: DP-SGD on Fashion-MNIST"), o.quiet, seconds_since(t0));
     return rc;
   });
 }

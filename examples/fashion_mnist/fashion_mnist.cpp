@@ -35,12 +35,12 @@
 #include "../common/report.hpp"
 #include "codelab.hpp"
 
-namespace fm = fashion_mnist;
+namespace ex = examples;
 using json = nlohmann::ordered_json;
 
 namespace {
 
-struct Config : fm::CommonOptions {
+struct Config : ex::CommonOptions {
   int steps = 400;
   std::int64_t batch = 512;
   std::vector<std::int64_t> hidden{256, 128};
@@ -48,7 +48,7 @@ struct Config : fm::CommonOptions {
   int log_every = 25;
   std::uint32_t seed = 0;
   std::string order = "numpy";  // the training set's shuffle: NumPy's default_rng(seed) (the codelab's) or jax.random
-  std::string codelab_golden = FM_CODELAB_GOLDEN;
+  std::string codelab_golden = EXAMPLE_GOLDEN;
   std::string save, resume;
   bool no_verify = false, check_numerics = false, data_parallel = false;
   int rank = 0, ranks = 1;  // data parallel: this process's rank and the number of ranks
@@ -69,7 +69,7 @@ double seconds_since(clock_type::time_point t0) { return std::chrono::duration<d
 
 /// Everything a run produces that is written at the end (nothing is written under --out before).
 struct Outputs {
-  fm::Report report;
+  ex::Report report;
   json metrics = json::object();
   std::vector<std::uint8_t> class_png, predictions_png;
   std::function<void(const std::string&)> save_params, save_checkpoint;
@@ -87,7 +87,7 @@ class Codelab {
   using Optimizer = decltype(tg::optim::adamw(3e-3));
   using State = decltype(std::declval<Optimizer>().init(std::declval<Params>()));
 
-  Codelab(const Config& c, fm::Loaded& data, Outputs& out)
+  Codelab(const Config& c, ex::Loaded& data, Outputs& out)
       : c_(c), data_(data), out_(out), log_(out.report, c.quiet), metrics_(out.metrics), device_(tg::device_name<D>()),
         sizes_{784, c.hidden[0], c.hidden[1], 10}, optimizer_(tg::optim::adamw(c.lr, {.weight_decay = c.weight_decay})),
         step_f32_(compiled_step<float>()), step_bf16_(compiled_step<tg::bf16>()) {}
@@ -110,7 +110,7 @@ class Codelab {
   // 1. The library, its backends and the device.
   void setup() {
     log_.heading("1. Setup", "The library, its backends and the device this run uses.");
-    fm::Table t{"versions and devices", {"item", "value"}, {}};
+    ex::Table t{"versions and devices", {"item", "value"}, {}};
     const tg::BuildInfo info = tg::build_info();
     for (const auto& [item, value] : info.rows()) t.rows.push_back({item, value});
     t.rows.push_back({"device in use", device_});
@@ -124,13 +124,13 @@ class Codelab {
   // 2. The data, verified, and one example per class.
   void data() {
     log_.heading("2. Data", "Fashion-MNIST from " + data_.dir.string() + ", every file verified by the SHA-256 of its decompressed payload.");
-    fm::Table t{"Fashion-MNIST", {"split", "images", "image shape", "labels", "payload SHA-256 (images / labels)"}, {}};
-    const fm::Split* splits[2] = {&data_.train, &data_.test};
+    ex::Table t{"Fashion-MNIST", {"split", "images", "image shape", "labels", "payload SHA-256 (images / labels)"}, {}};
+    const ex::Split* splits[2] = {&data_.train, &data_.test};
     const char* names[2] = {"train", "test"};
     for (std::size_t s = 0; s < 2; ++s) {
       const auto& sh = splits[s]->images.shape();
-      t.rows.push_back({names[s], fm::grouped(static_cast<double>(sh[0])), "(" + std::to_string(sh[1]) + ", " + std::to_string(sh[2]) + ")",
-                        fm::grouped(static_cast<double>(splits[s]->labels.size())),
+      t.rows.push_back({names[s], ex::grouped(static_cast<double>(sh[0])), "(" + std::to_string(sh[1]) + ", " + std::to_string(sh[2]) + ")",
+                        ex::grouped(static_cast<double>(splits[s]->labels.size())),
                         data_.sha256[2 * s].substr(0, 12) + "... / " + data_.sha256[2 * s + 1].substr(0, 12) + "..."});
     }
     log_.show(t);
@@ -139,17 +139,17 @@ class Codelab {
     // One example per class: the first of each in the training set.
     const auto px = data_.train.images.to_vector();
     const auto lab = data_.train.labels.to_vector();
-    std::vector<fm::Tile> tiles;
+    std::vector<ex::Tile> tiles;
     std::string figures = "<div class=\"grid\">";
     for (std::uint8_t k = 0; k < 10; ++k) {
       const auto at = static_cast<std::size_t>(std::find(lab.begin(), lab.end(), k) - lab.begin());
       const std::uint8_t* p = px.data() + at * 784;
       tiles.push_back({p, 200, 200, 200});
-      figures += "<figure><img alt=\"" + std::string(fm::class_names[k]) + "\" src=\"" +
-                 fm::png_data_uri(fm::encode_png(fm::image_grid({{p, 255, 255, 255}}, 1, 3))) + "\"><figcaption>" +
-                 fm::html_escape(fm::class_names[k]) + "</figcaption></figure>";
+      figures += "<figure><img alt=\"" + std::string(ex::class_names[k]) + "\" src=\"" +
+                 ex::png_data_uri(ex::encode_png(ex::image_grid({{p, 255, 255, 255}}, 1, 3))) + "\"><figcaption>" +
+                 ex::html_escape(ex::class_names[k]) + "</figcaption></figure>";
     }
-    out_.class_png = fm::encode_png(fm::image_grid(tiles, 10, 3));
+    out_.class_png = ex::encode_png(ex::image_grid(tiles, 10, 3));
     log_.html("<p>One example per class (the first of each in the training set):</p>" + figures + "</div>");
   }
 
@@ -171,7 +171,7 @@ class Codelab {
     std::vector<tg::Tensor<std::int32_t, D>> ys;
     for (const auto& b : test_) xs.push_back(b.x), ys.push_back(b.y);
     test_x_ = tg::stack(std::span<const Tensor>(xs)), test_y_ = tg::stack(std::span<const tg::Tensor<std::int32_t, D>>(ys));
-    fm::Table t{"device arrays", {"array", "shape", "dtype", "device"}, {}};
+    ex::Table t{"device arrays", {"array", "shape", "dtype", "device"}, {}};
     auto row = [&](const std::string& name, std::size_t n, const auto& one) {
       using T = typename std::remove_cvref_t<decltype(one)>::value_type;
       t.rows.push_back({name, std::to_string(n) + " x " + one.shape().str(), tg::dtype_name<T>, one.device_name()});
@@ -192,11 +192,11 @@ class Codelab {
     log_.heading("4. Model", "MLP 784-" + std::to_string(c_.hidden[0]) + "-" + std::to_string(c_.hidden[1]) +
                                  "-10 with GELU (tanh form), He-normal weights from key(1), zero biases, as a TG_PYTREE struct.");
     const Params params = codelab::init_mlp_params<D>(tg::random::key(1), sizes_);  // the one-step demo's key
-    fm::Table t{"parameters", {"parameter", "shape", "dtype", "device"}, {}};
+    ex::Table t{"parameters", {"parameter", "shape", "dtype", "device"}, {}};
     tg::tree_for_each([&](const std::string& path, const auto& leaf) {
       t.rows.push_back({path, leaf.shape().str(), "float32", leaf.device_name()});
     }, params);
-    t.rows.push_back({"total", fm::grouped(static_cast<double>(tg::tree_count(params))) + " parameters", "", ""});
+    t.rows.push_back({"total", ex::grouped(static_cast<double>(tg::tree_count(params))) + " parameters", "", ""});
     log_.show(t);
     metrics_["parameters"] = tg::tree_count(params);
 
@@ -204,19 +204,19 @@ class Codelab {
     const auto grads = tg::grad(codelab::cross_entropy_loss<D>)(params, b.x, b.y);
     const auto [value, grads2] = tg::value_and_grad(codelab::cross_entropy_loss<D>)(params, b.x, b.y);
     double max_diff = 0;
-    fm::Table g{"the gradient tree beside the parameter tree (first batch)", {"path", "parameter", "gradient", "gradient norm"}, {}};
+    ex::Table g{"the gradient tree beside the parameter tree (first batch)", {"path", "parameter", "gradient", "gradient norm"}, {}};
     tg::tree_for_each([&](const std::string& path, const auto& w, const auto& gw, const auto& gw2) {
       max_diff = std::max(max_diff, static_cast<double>(tg::max(tg::abs(gw - gw2)).item()));
-      g.rows.push_back({path, w.shape().str(), gw.shape().str(), fm::fmt("%.6f", std::sqrt(tg::sum(gw * gw).item()))});
+      g.rows.push_back({path, w.shape().str(), gw.shape().str(), ex::fmt("%.6f", std::sqrt(tg::sum(gw * gw).item()))});
     }, params, grads, grads2);
     log_.show(g);
     const double loss0 = value.item();
     const auto [next, loss_sgd] = codelab::sgd_step<D>(params, b.x, b.y, static_cast<float>(c_.sgd_lr));
     const double loss1 = codelab::cross_entropy_loss<D>(next, b.x, b.y).item();
-    fm::Table s{"one step by hand", {"quantity", "value"}, {}};
-    s.rows.push_back({"max |grad - value_and_grad's grad|", fm::fmt("%.3g", max_diff)});
-    s.rows.push_back({"loss before the update (first batch)", fm::fmt("%.8f", loss0)});
-    s.rows.push_back({"loss after one pure SGD step (lr " + fm::fmt("%g", c_.sgd_lr) + ", same batch)", fm::fmt("%.8f", loss1)});
+    ex::Table s{"one step by hand", {"quantity", "value"}, {}};
+    s.rows.push_back({"max |grad - value_and_grad's grad|", ex::fmt("%.3g", max_diff)});
+    s.rows.push_back({"loss before the update (first batch)", ex::fmt("%.8f", loss0)});
+    s.rows.push_back({"loss after one pure SGD step (lr " + ex::fmt("%g", c_.sgd_lr) + ", same batch)", ex::fmt("%.8f", loss1)});
     log_.show(s);
     metrics_["initial_loss"] = loss0;
     metrics_["grad_vs_value_and_grad_max_diff"] = max_diff;
@@ -246,11 +246,11 @@ class Codelab {
                                eager_steps);
     auto step = tg::compile([lr](const Params& q, const Tensor& x, const Labels& y) { return codelab::sgd_step<D>(q, x, y, lr); });
     const double compiled = timed(step, 5, compiled_steps);
-    fm::Table t{"SGD step throughput", {"mode", "steps timed", "examples/sec", "vs eager"}, {}};
-    t.rows.push_back({"eager", std::to_string(eager_steps), fm::grouped(eager), "1.00x"});
-    t.rows.push_back({"compiled (tg::compile)", std::to_string(compiled_steps), fm::grouped(compiled), fm::fmt("%.2fx", compiled / eager)});
+    ex::Table t{"SGD step throughput", {"mode", "steps timed", "examples/sec", "vs eager"}, {}};
+    t.rows.push_back({"eager", std::to_string(eager_steps), ex::grouped(eager), "1.00x"});
+    t.rows.push_back({"compiled (tg::compile)", std::to_string(compiled_steps), ex::grouped(compiled), ex::fmt("%.2fx", compiled / eager)});
     log_.show(t);
-    log_.html(fm::svg_bars({"eager", "compiled"}, {eager, compiled}, "examples/s"));
+    log_.html(ex::svg_bars({"eager", "compiled"}, {eager, compiled}, "examples/s"));
     if constexpr (std::is_same_v<D, tg::Cpu>)
       log_.say("On the CPU the kernels themselves dominate and the eager step's bookkeeping is small, so compile gains little here "
                "(and each call copies its batch into the plan's input buffer); on a GPU it replaces tens of kernel launches per step "
@@ -261,7 +261,7 @@ class Codelab {
 
   // 6. AdamW: the training loop over the compiled step, from a checkpoint with --resume.
   void adamw() {
-    log_.heading("6. AdamW", "adamw(" + fm::fmt("%g", c_.lr) + ", weight_decay=" + fm::fmt("%g", c_.weight_decay) +
+    log_.heading("6. AdamW", "adamw(" + ex::fmt("%g", c_.lr) + ", weight_decay=" + ex::fmt("%g", c_.weight_decay) +
                                  "): chain(scale_by_adam, add_decayed_weights, scale_by_learning_rate), run as one pass; compute dtype " +
                                  c_.dtype + ". Metrics stay on the device until logged every " + std::to_string(c_.log_every) + " steps.");
     // The training starts from key(3), the one-step table below from key(2): the codelab's keys.
@@ -271,8 +271,8 @@ class Codelab {
     {
       const Params p2 = codelab::init_mlp_params<D>(tg::random::key(2), sizes_);
       const auto [p1, s1, m1] = step(Params(p2), optimizer_.init(p2), train_[0].x, train_[0].y);
-      fm::Table one{"one compiled AdamW step (first batch, parameters from key(2))", {"loss", "batch accuracy", "gradient norm"}, {}};
-      one.rows.push_back({fm::fmt("%.6f", m1.loss.item()), fm::fmt("%.4f", m1.accuracy.item()), fm::fmt("%.6f", m1.grad_norm.item())});
+      ex::Table one{"one compiled AdamW step (first batch, parameters from key(2))", {"loss", "batch accuracy", "gradient norm"}, {}};
+      one.rows.push_back({ex::fmt("%.6f", m1.loss.item()), ex::fmt("%.4f", m1.accuracy.item()), ex::fmt("%.6f", m1.grad_norm.item())});
       log_.show(one);
       metrics_["one_step"] = {{"loss", m1.loss.item()}, {"accuracy", m1.accuracy.item()}, {"grad_norm", m1.grad_norm.item()}};
     }
@@ -282,7 +282,7 @@ class Codelab {
       params_ = std::move(pw), state_ = std::move(sw);
       (void)mw.loss.item();
     }
-    fm::Progress progress("training", c_.steps, c_.quiet);
+    ex::Progress progress("training", c_.steps, c_.quiet);
     const auto t0 = clock_type::now();
     std::string status;
     auto compiled = [this](Params&& p, State&& s, const Tensor& x, const Labels& y) { return step(std::move(p), std::move(s), x, y); };
@@ -295,24 +295,24 @@ class Codelab {
         history_.step.push_back(at), history_.loss.push_back(m.loss.item()), history_.accuracy.push_back(m.accuracy.item());
         history_.grad_norm.push_back(m.grad_norm.item());
         if (!std::isfinite(history_.loss.back()))
-          throw fm::Diverged("the training loss is " + fm::fmt("%g", history_.loss.back()) + " at step " + std::to_string(at) +
+          throw ex::Diverged("the training loss is " + ex::fmt("%g", history_.loss.back()) + " at step " + std::to_string(at) +
                              " (the first logged step where it is not finite; logging every " + std::to_string(c_.log_every) +
-                             "): the training diverged. The likely cause is the learning rate (--lr " + fm::fmt("%g", c_.lr) +
+                             "): the training diverged. The likely cause is the learning rate (--lr " + ex::fmt("%g", c_.lr) +
                              "; the codelab's is 3e-3). Rerun with --check-numerics to stop at the first step whose loss or "
                              "gradients are not finite, naming the leaf");
-        status = "loss " + fm::fmt("%.4f", history_.loss.back()) + "  acc " + fm::fmt("%.3f", history_.accuracy.back());
+        status = "loss " + ex::fmt("%.4f", history_.loss.back()) + "  acc " + ex::fmt("%.3f", history_.accuracy.back());
       }
       progress.update(at, status, log);
     });
     const int timed = c_.steps - first_step + 1;  // the step before the loop recorded the compiled step
     // Global examples: c.batch per step over all ranks together; the last log synchronised.
     const double eps = timed > 0 ? static_cast<double>(timed) * static_cast<double>(c_.batch) / seconds_since(t0) : 0.0;
-    metrics_["history"] = fm::report_history(log_, "history", history_);
-    fm::Table tp{"AdamW training throughput", {"measure", "value"}, {}};
-    tp.rows.push_back({"examples/sec (" + std::to_string(timed) + " steps after 1 warm-up step)", fm::grouped(eps)});
-    tp.rows.push_back({"tokens/sec (projection)", fm::grouped(eps * c_.tokens_per_example)});
+    metrics_["history"] = ex::report_history(log_, "history", history_);
+    ex::Table tp{"AdamW training throughput", {"measure", "value"}, {}};
+    tp.rows.push_back({"examples/sec (" + std::to_string(timed) + " steps after 1 warm-up step)", ex::grouped(eps)});
+    tp.rows.push_back({"tokens/sec (projection)", ex::grouped(eps * c_.tokens_per_example)});
     log_.show(tp);
-    log_.say("The tokens/sec figure is a projection, not a measurement: examples/sec times " + fm::fmt("%g", c_.tokens_per_example) +
+    log_.say("The tokens/sec figure is a projection, not a measurement: examples/sec times " + ex::fmt("%g", c_.tokens_per_example) +
              " tokens per example (--tokens-per-example; 784 counts each pixel as a token), to compare with sequence-model throughputs.");
     metrics_["throughput"]["adamw"] = eps;
     metrics_["throughput"]["tokens_per_sec_projection"] = eps * c_.tokens_per_example;
@@ -322,7 +322,7 @@ class Codelab {
   // 7. The test set: loss and accuracy, the codelab's 25 sample images, the confusion matrix.
   void evaluation() {
     log_.heading("7. Evaluation", "Over the " + std::to_string(test_.size()) + " test batches (" +
-                                      fm::grouped(static_cast<double>(test_.size()) * static_cast<double>(c_.batch)) + " images).");
+                                      ex::grouped(static_cast<double>(test_.size()) * static_cast<double>(c_.batch)) + " images).");
     // The codelab's evaluation: eval_one_batch vmapped over the stacked test batches, compiled.
     auto evaluate = tg::compile(&codelab::evaluate_batches<D>);
     const auto [losses, pred] = evaluate(params_, test_x_, test_y_);
@@ -333,8 +333,8 @@ class Codelab {
     for (std::size_t i = 0; i < truth.size(); ++i) correct += truth[i] == predicted[i];
     const double n = static_cast<double>(truth.size());
     const double test_loss = loss_sum / n, test_acc = static_cast<double>(correct) / n;
-    fm::Table t{"test set", {"images", "loss", "accuracy"}, {}};
-    t.rows.push_back({fm::grouped(n), fm::fmt("%.4f", test_loss), fm::fmt("%.4f", test_acc)});
+    ex::Table t{"test set", {"images", "loss", "accuracy"}, {}};
+    t.rows.push_back({ex::grouped(n), ex::fmt("%.4f", test_loss), ex::fmt("%.4f", test_acc)});
     log_.show(t);
     metrics_["test"] = {{"images", truth.size()}, {"loss", test_loss}, {"accuracy", test_acc}};
 
@@ -349,9 +349,9 @@ class Codelab {
     const auto sample_predicted = tg::argmax(codelab::mlp<float>(params_, tg::from_vector<D>(xs, {25, 784})), 1).to_vector();
     std::vector<std::int32_t> sample_truth;
     for (const std::int64_t i : pick) sample_truth.push_back(labels[static_cast<std::size_t>(i)]);
-    out_.predictions_png = fm::report_samples(log_, px, labels, pick, sample_predicted);
+    out_.predictions_png = ex::report_samples(log_, px, labels, pick, sample_predicted);
     metrics_["test"]["samples"] = {{"images", pick}, {"predicted", sample_predicted}, {"truth", sample_truth}};
-    metrics_["test"]["confusion_counts"] = fm::report_confusion(log_, truth, predicted);
+    metrics_["test"]["confusion_counts"] = ex::report_confusion(log_, truth, predicted);
   }
 
   // 8. The same step computing in f32 and in bf16.
@@ -359,7 +359,7 @@ class Codelab {
     log_.heading("8. f32 vs bf16 compute", "The same AdamW step computing in f32 and in bf16 (parameters and optimizer state stay f32), " +
                                                std::to_string(c_.timing_steps) +
                                                " compiled steps each after one warm-up step, from parameters drawn with key(10) (the codelab's).");
-    fm::Table t{"compute dtype", {"compute", "examples/sec", "loss after", "vs f32"}, {}};
+    ex::Table t{"compute dtype", {"compute", "examples/sec", "loss after", "vs f32"}, {}};
     std::vector<double> eps;
     auto measure = [&]<class C>(auto& compiled) {
       Params p = codelab::init_mlp_params<D>(tg::random::key(10), sizes_);  // the codelab's key for this comparison
@@ -376,13 +376,13 @@ class Codelab {
       const double loss = m.loss.item();
       eps.push_back(static_cast<double>(c_.timing_steps) * static_cast<double>(c_.batch) / seconds_since(t0));  // global batch
       const char* name = std::is_same_v<C, float> ? "f32" : "bf16";
-      t.rows.push_back({name, fm::grouped(eps.back()), fm::fmt("%.4f", loss), fm::fmt("%.2fx", eps.back() / eps.front())});
+      t.rows.push_back({name, ex::grouped(eps.back()), ex::fmt("%.4f", loss), ex::fmt("%.2fx", eps.back() / eps.front())});
       metrics_["throughput"][std::string("adamw_") + name] = eps.back();
     };
     measure.template operator()<float>(step_f32_);
     measure.template operator()<tg::bf16>(step_bf16_);
     log_.show(t);
-    log_.html(fm::svg_bars({"f32 compute", "bf16 compute"}, eps, "examples/s"));
+    log_.html(ex::svg_bars({"f32 compute", "bf16 compute"}, eps, "examples/s"));
     if (std::is_same_v<D, tg::Cpu> && !tg::build_info().cpu_bf16)
       log_.say("This CPU has no bf16 instructions (AVX-512 BF16 / AMX): bf16 GEMMs run as f32 after a conversion, so bf16 compute is "
                "slower here; it pays on GPUs and on CPUs with those instructions.");
@@ -391,7 +391,7 @@ class Codelab {
   // 9. Where everything the training touched lives.
   void placement() {
     log_.heading("9. Placement check", "Where everything the training touched lives.");
-    fm::Table t{"placement", {"what", "tensors", "devices"}, {}};
+    ex::Table t{"placement", {"what", "tensors", "devices"}, {}};
     bool all_here = true;
     auto check = [&](const std::string& what, const auto& tree) {
       std::set<std::string> devices;
@@ -420,7 +420,7 @@ class Codelab {
 #endif
     log_.show(t);
     log_.say(std::string(all_here ? "Everything stayed on " : "NOT everything is on ") + device_ + ". Final training loss (step " +
-             std::to_string(static_cast<int>(history_.step.back())) + "): " + fm::fmt("%.4f", history_.loss.back()) + ".");
+             std::to_string(static_cast<int>(history_.step.back())) + "): " + ex::fmt("%.4f", history_.loss.back()) + ".");
     metrics_["placement_ok"] = all_here;
     metrics_["final_train_loss"] = history_.loss.back();
   }
@@ -449,8 +449,8 @@ class Codelab {
   /// What must match for a checkpoint to continue this run bitwise: the data order and the model.
   std::map<std::string, std::string> run_identity() const {
     return {{"seed", std::to_string(c_.seed)}, {"batch", std::to_string(c_.batch)},
-            {"hidden", std::to_string(c_.hidden[0]) + "," + std::to_string(c_.hidden[1])}, {"lr", fm::fmt("%.17g", c_.lr)},
-            {"weight_decay", fm::fmt("%.17g", c_.weight_decay)}, {"dtype", c_.dtype}, {"order", c_.order}};
+            {"hidden", std::to_string(c_.hidden[0]) + "," + std::to_string(c_.hidden[1])}, {"lr", ex::fmt("%.17g", c_.lr)},
+            {"weight_decay", ex::fmt("%.17g", c_.weight_decay)}, {"dtype", c_.dtype}, {"order", c_.order}};
   }
 
   /// Loads --resume's checkpoint into the parameters and state, after checking it continues this run;
@@ -461,15 +461,15 @@ class Codelab {
     try {
       meta = tg::io::load_safetensors(c_.resume, loaded);
     } catch (const tg::Error& e) {
-      throw fm::DataError(std::string("--resume: ") + e.what());
+      throw ex::DataError(std::string("--resume: ") + e.what());
     }
     for (const auto& [key, value] : run_identity())
       if (!meta.count(key) || meta.at(key) != value)
-        throw fm::DataError("--resume " + c_.resume + ": saved with " + key + " = " + (meta.count(key) ? meta.at(key) : "(none)") +
+        throw ex::DataError("--resume " + c_.resume + ": saved with " + key + " = " + (meta.count(key) ? meta.at(key) : "(none)") +
                             ", this run has " + value + "; resume with the same options");
     const int saved = meta.count("step") ? std::atoi(meta.at("step").c_str()) : -1;
     if (saved < 0 || saved >= c_.steps)
-      throw fm::DataError("--resume " + c_.resume + ": saved at step " + std::to_string(saved) + ", but --steps is " + std::to_string(c_.steps) +
+      throw ex::DataError("--resume " + c_.resume + ": saved at step " + std::to_string(saved) + ", but --steps is " + std::to_string(c_.steps) +
                           "; ask for more steps than were done");
     params_ = std::move(loaded.params), state_ = std::move(loaded.opt_state);
     log_.say("Resumed from " + c_.resume + " after step " + std::to_string(saved) + ".");
@@ -500,9 +500,9 @@ class Codelab {
   const tg::data::Batch<D>& batch(int i) const { return train_[static_cast<std::size_t>(i) % train_.size()]; }
 
   const Config& c_;
-  fm::Loaded& data_;
+  ex::Loaded& data_;
   Outputs& out_;
-  fm::Log log_;
+  ex::Log log_;
   json& metrics_;
   const std::string device_;
   const codelab::Sizes sizes_;
@@ -514,7 +514,7 @@ class Codelab {
   tg::Tensor<std::int32_t, D> test_y_;    // (batches, batch)
   Params params_;
   State state_;
-  fm::History history_;
+  ex::History history_;
 };
 
 /// The side-by-side table: the codelab's numbers (codelab_golden.json) and this run's, with their
@@ -534,13 +534,13 @@ void Codelab<D>::beside_the_codelab() {
   const bool codelab_run = c_.steps == 400 && c_.batch == 512 && c_.hidden == std::vector<std::int64_t>{256, 128} && c_.lr == 3e-3 &&
                            c_.weight_decay == 1e-4 && c_.sgd_lr == 3e-3 && c_.seed == 0 && c_.order == "numpy" && c_.dtype == "f32" &&
                            c_.ranks == 1 && c_.resume.empty();
-  fm::Table t{"the codelab (JAX " + golden.value("jax", std::string("?")) + ", Optax " + golden.value("optax", std::string("?")) + ") and this run",
+  ex::Table t{"the codelab (JAX " + golden.value("jax", std::string("?")) + ", Optax " + golden.value("optax", std::string("?")) + ") and this run",
               {"number", "codelab", "tapegrad", "difference", "relative"}, {}};
   json rows = json::array();
   auto row = [&](const std::string& what, double theirs, const json& ours_json) {
     if (!ours_json.is_number()) return;
     const double ours = ours_json.get<double>(), diff = ours - theirs, rel = std::fabs(diff) / std::max(std::fabs(theirs), 1e-30);
-    t.rows.push_back({what, fm::fmt("%.8f", theirs), fm::fmt("%.8f", ours), fm::fmt("%+.2e", diff), fm::fmt("%.2e", rel)});
+    t.rows.push_back({what, ex::fmt("%.8f", theirs), ex::fmt("%.8f", ours), ex::fmt("%+.2e", diff), ex::fmt("%.2e", rel)});
     rows.push_back({{"number", what}, {"codelab", theirs}, {"tapegrad", ours}, {"relative", rel}});
   };
   auto at = [&](const char* a, const char* b = nullptr) -> json {
@@ -573,15 +573,15 @@ void Codelab<D>::beside_the_codelab() {
 void write_outputs(const Config& c, Outputs& out, clock_type::time_point t0) {
   const std::filesystem::path dir(c.out);
   std::filesystem::create_directories(dir);  // checked writable before training
-  fm::write_whole(dir / "class_examples.png", fm::as_string(out.class_png));
-  fm::write_whole(dir / "test_predictions.png", fm::as_string(out.predictions_png));
-  fm::write_whole(dir / "metrics.json", out.metrics.dump(2) + "\n");
+  ex::write_whole(dir / "class_examples.png", ex::as_string(out.class_png));
+  ex::write_whole(dir / "test_predictions.png", ex::as_string(out.predictions_png));
+  ex::write_whole(dir / "metrics.json", out.metrics.dump(2) + "\n");
   out.save_params((dir / "params.safetensors").string());
   if (out.save_checkpoint) out.save_checkpoint(c.save);
-  fm::write_whole(dir / "report.html", out.report.document("tapegrad: Fashion-MNIST, the codelab end to end"));
+  ex::write_whole(dir / "report.html", out.report.document("tapegrad: Fashion-MNIST, the codelab end to end"));
   if (!c.quiet)
     std::cout << "wrote " << (dir / "report.html").string() << ", metrics.json, class_examples.png, test_predictions.png, params.safetensors ("
-              << fm::fmt("%.1f", seconds_since(t0)) << " s)\n";
+              << ex::fmt("%.1f", seconds_since(t0)) << " s)\n";
 }
 
 }  // namespace
@@ -607,7 +607,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--codelab-golden", c.codelab_golden, "the codelab's numbers for the side-by-side table (scripts/codelab_golden.py)")
       ->capture_default_str();
-  fm::add_common_options(app, c, "compute dtype of the AdamW training (parameters stay f32)");
+  ex::add_common_options(app, c, "compute dtype of the AdamW training (parameters stay f32)");
   app.add_option("--timing-steps", c.timing_steps, "timed steps of the compiled SGD step (step 5, eager: a fifth) and of each compute dtype (step 8)")
       ->check(CLI::Range(1, 10000000))
       ->capture_default_str();
@@ -635,11 +635,11 @@ int main(int argc, char** argv) {
     return 2;
   }
 #endif
-  return fm::run_main("fashion_mnist", [&] {
-    fm::check_device_option(c.device);
+  return ex::run_main("fashion_mnist", [&] {
+    ex::check_device_option(c.device);
     if (!c.quiet) std::cout << "fashion_mnist: tapegrad " << tg::version << "\n== finding the data\n";
-    fm::Loaded data = fm::find_and_load(c.data_dir, !c.no_download, !c.no_verify, c.quiet);
-    if (c.rank == 0) fm::check_output_dir(c.out);  // before training, not after it
+    ex::Loaded data = ex::find_and_load(c.data_dir, !c.no_download, !c.no_verify, c.quiet);
+    if (c.rank == 0) ex::check_output_dir(c.out);  // before training, not after it
     Outputs out;
     const auto t0 = clock_type::now();
     tg::with_device(c.device, [&]<class D>() { Codelab<D>(c, data, out).run(); });

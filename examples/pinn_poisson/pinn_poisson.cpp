@@ -24,7 +24,7 @@
 #include "../common/report.hpp"
 #include "pinn.hpp"
 
-namespace fm = fashion_mnist;
+namespace ex = examples;
 using json = nlohmann::ordered_json;
 
 namespace {
@@ -35,7 +35,7 @@ struct Options {
   std::int64_t adam_steps = 2000, decay_steps = 3000;
   int eval_every = 100, max_steps = 0;
   std::uint32_t seed = 0;
-  std::string device = "auto", out = "pinn_poisson_out", golden = PINN_GOLDEN;
+  std::string device = "auto", out = "pinn_poisson_out", golden = EXAMPLE_GOLDEN;
   bool check_golden = false, quiet = false;
 };
 
@@ -49,7 +49,7 @@ class PinnRun {
   using Optimizer = decltype(pinn::make_optimizer(0.0, 0, 0));
   using State = decltype(std::declval<const Optimizer&>().init(std::declval<const Params&>()));
 
-  PinnRun(const Options& o, json& metrics, fm::Report& report)
+  PinnRun(const Options& o, json& metrics, ex::Report& report)
       : o_(o), metrics_(metrics), log_(report, o.quiet), optimizer_(pinn::make_optimizer(o.lr, o.adam_steps, o.decay_steps)),
         points_(pinn::collocation<D>(o.points)), grid_(pinn::grid<D>(o.grid)) {
     for (std::int64_t i = 0; i < o.grid; ++i)
@@ -87,15 +87,15 @@ class PinnRun {
                      tg::device_name<D>() + ". u = x (1 - x) y (1 - y) N(x, y) with N an MLP; the loss is the mean squared residual "
                      "lap(u) + f at the collocation points, the Laplacian by tg::jvp of tg::grad (forward over reverse), and its gradient "
                      "in the parameters by tg::value_and_grad: third derivatives of the network, all in one compiled step.");
-    fm::Table t{"settings", {"setting", "value"}, {}};
+    ex::Table t{"settings", {"setting", "value"}, {}};
     t.rows = {{"network N", "2-" + std::to_string(o_.width) + "-" + std::to_string(o_.width) + "-1, tanh, Glorot-normal from key(" +
-                                std::to_string(o_.seed) + ") (" + fm::grouped(static_cast<double>(tg::tree_count(pinn::init_params<D>(tg::random::key(o_.seed), o_.width)))) +
+                                std::to_string(o_.seed) + ") (" + ex::grouped(static_cast<double>(tg::tree_count(pinn::init_params<D>(tg::random::key(o_.seed), o_.width)))) +
                                 " parameters)"},
               {"collocation points", std::to_string(o_.points) + " x " + std::to_string(o_.points) + " cell centres"},
-              {"optimizer", "Adam " + fm::fmt("%g", o_.lr) + " for " + std::to_string(o_.adam_steps) + " steps, then decaying exponentially to " +
-                                fm::fmt("%g", o_.lr / 100) + " over " + std::to_string(o_.decay_steps)},
+              {"optimizer", "Adam " + ex::fmt("%g", o_.lr) + " for " + std::to_string(o_.adam_steps) + " steps, then decaying exponentially to " +
+                                ex::fmt("%g", o_.lr / 100) + " over " + std::to_string(o_.decay_steps)},
               {"error", "relative L2 against the exact solution on a " + std::to_string(o_.grid) + " x " + std::to_string(o_.grid) +
-                            " grid, every " + std::to_string(o_.eval_every) + " steps; target " + fm::fmt("%g", o_.target)},
+                            " grid, every " + std::to_string(o_.eval_every) + " steps; target " + ex::fmt("%g", o_.target)},
               {"precision", "float32"}};
     log_.show(t);
     metrics_["settings"] = {{"width", o_.width}, {"points", o_.points}, {"lr", o_.lr}, {"adam_steps", o_.adam_steps}, {"decay_steps", o_.decay_steps},
@@ -108,13 +108,13 @@ class PinnRun {
     log_.heading("Beside JAX", "The loss at the initial parameters and after one step, through tapegrad and through the same model in JAX + "
                                "Optax (scripts/pinn_poisson_reference.py golden).");
     std::ifstream in(o_.golden);
-    if (!in) throw fm::DataError("--golden " + o_.golden + ": cannot open the JAX reference's values (scripts/pinn_poisson_reference.py golden)");
+    if (!in) throw ex::DataError("--golden " + o_.golden + ": cannot open the JAX reference's values (scripts/pinn_poisson_reference.py golden)");
     const json g = json::parse(in);
     const json& gc = g.at("config");
     if (gc.at("width") != o_.width || gc.at("points") != o_.points || gc.at("lr") != o_.lr || gc.at("adam_steps") != o_.adam_steps ||
         gc.at("decay_steps") != o_.decay_steps || gc.at("seed") != o_.seed) {
       log_.say("Skipped: the golden values were made for " + gc.dump() + ", not this run's settings.");
-      if (o_.check_golden) throw fm::DataError("--check-golden: the golden values were made for other settings: " + gc.dump());
+      if (o_.check_golden) throw ex::DataError("--check-golden: the golden values were made for other settings: " + gc.dump());
       return 1;
     }
     const Params p = pinn::init_params<D>(tg::random::key(o_.seed), o_.width);
@@ -124,9 +124,9 @@ class PinnRun {
     const double after = loss(p1);
     const double want_first = g.at("first_loss"), want_after = g.at("loss_after_one_step");
     const double e1 = std::fabs(first - want_first) / want_first, e2 = std::fabs(after - want_after) / want_after;
-    fm::Table t{"tapegrad vs JAX (float32)", {"quantity", "tapegrad", "JAX", "relative difference"}, {}};
-    t.rows.push_back({"first loss", fm::fmt("%.9g", first), fm::fmt("%.9g", want_first), fm::fmt("%.2e", e1)});
-    t.rows.push_back({"loss after one Adam step", fm::fmt("%.9g", after), fm::fmt("%.9g", want_after), fm::fmt("%.2e", e2)});
+    ex::Table t{"tapegrad vs JAX (float32)", {"quantity", "tapegrad", "JAX", "relative difference"}, {}};
+    t.rows.push_back({"first loss", ex::fmt("%.9g", first), ex::fmt("%.9g", want_first), ex::fmt("%.2e", e1)});
+    t.rows.push_back({"loss after one Adam step", ex::fmt("%.9g", after), ex::fmt("%.9g", want_after), ex::fmt("%.2e", e2)});
     log_.show(t);
     const bool ok = e1 <= 1e-6 && e2 <= 1e-6;
     log_.say(ok ? "Matches JAX: both within 1e-6 relative." : "DOES NOT MATCH JAX within 1e-6 relative.");
@@ -145,13 +145,13 @@ class PinnRun {
     }
     const std::int64_t total = o_.max_steps > 0 ? std::min<std::int64_t>(o_.max_steps, o_.adam_steps + o_.decay_steps) : o_.adam_steps + o_.decay_steps;
     std::vector<double> steps, losses, errors;
-    fm::Table curve{"every " + std::to_string(o_.eval_every) + " steps", {"step", "loss", "relative L2 error", "training seconds"}, {}};
+    ex::Table curve{"every " + std::to_string(o_.eval_every) + " steps", {"step", "loss", "relative L2 error", "training seconds"}, {}};
     double train_seconds = 0, reached_seconds = -1;
     std::int64_t reached_step = -1, step = 0;
     tg::Tensor<float, D> value;
     std::vector<double> u;
     double err = evaluate(params).second;
-    fm::Progress progress("training", static_cast<int>(total), o_.quiet);
+    ex::Progress progress("training", static_cast<int>(total), o_.quiet);
     while (step < total) {
       const auto t0 = clock_type::now();
       for (int k = 0; k < o_.eval_every && step < total; ++k, ++step) {
@@ -160,33 +160,33 @@ class PinnRun {
       }
       const double loss = value.item();  // waits for the device
       train_seconds += seconds_since(t0);
-      if (!std::isfinite(loss)) throw fm::Diverged("the loss is " + std::to_string(loss) + " at step " + std::to_string(step));
+      if (!std::isfinite(loss)) throw ex::Diverged("the loss is " + std::to_string(loss) + " at step " + std::to_string(step));
       std::tie(u, err) = evaluate(params);
       if (reached_step < 0 && err <= o_.target) reached_step = step, reached_seconds = train_seconds;
       steps.push_back(static_cast<double>(step)), losses.push_back(loss), errors.push_back(err);
-      curve.rows.push_back({std::to_string(step), fm::fmt("%.3e", loss), fm::fmt("%.3e", err), fm::fmt("%.2f", train_seconds)});
-      progress.update(static_cast<int>(step), "loss " + fm::fmt("%.3e", loss) + ", error " + fm::fmt("%.2e", err), true);
+      curve.rows.push_back({std::to_string(step), ex::fmt("%.3e", loss), ex::fmt("%.3e", err), ex::fmt("%.2f", train_seconds)});
+      progress.update(static_cast<int>(step), "loss " + ex::fmt("%.3e", loss) + ", error " + ex::fmt("%.2e", err), true);
     }
     log_.heading("Training", "The loss (mean squared residual) and the relative L2 error on the " + std::to_string(o_.grid) + " x " +
                                  std::to_string(o_.grid) + " grid; training time only (the evaluations and the recording of the plan excluded).");
     log_.show(curve);
-    log_.html(fm::svg_log_curves(steps, {{"loss", "#c0392b", losses}, {"relative L2 error", "#2471a3", errors}}));
+    log_.html(ex::svg_log_curves(steps, {{"loss", "#c0392b", losses}, {"relative L2 error", "#2471a3", errors}}));
     json history = json::array();
     for (std::size_t i = 0; i < steps.size(); ++i) history.push_back({{"step", steps[i]}, {"loss", losses[i]}, {"rel_l2", errors[i]}});
     metrics_["history"] = history;
 
     const double steps_per_sec = train_seconds > 0 ? static_cast<double>(step) / train_seconds : 0.0;
-    fm::Table r{"result", {"measure", "value"}, {}};
-    r.rows.push_back({"relative L2 error after " + std::to_string(step) + " steps", fm::fmt("%.3e", err)});
-    r.rows.push_back({"steps to reach " + fm::fmt("%g", o_.target), reached_step >= 0 ? std::to_string(reached_step) : "not reached"});
-    r.rows.push_back({"training seconds to reach " + fm::fmt("%g", o_.target), reached_step >= 0 ? fm::fmt("%.2f", reached_seconds) : "-"});
-    r.rows.push_back({"steps/sec", fm::fmt("%.1f", steps_per_sec)});
+    ex::Table r{"result", {"measure", "value"}, {}};
+    r.rows.push_back({"relative L2 error after " + std::to_string(step) + " steps", ex::fmt("%.3e", err)});
+    r.rows.push_back({"steps to reach " + ex::fmt("%g", o_.target), reached_step >= 0 ? std::to_string(reached_step) : "not reached"});
+    r.rows.push_back({"training seconds to reach " + ex::fmt("%g", o_.target), reached_step >= 0 ? ex::fmt("%.2f", reached_seconds) : "-"});
+    r.rows.push_back({"steps/sec", ex::fmt("%.1f", steps_per_sec)});
     log_.show(r);
     metrics_["result"] = {{"rel_l2", err}, {"steps", step}, {"target", o_.target}, {"reached_step", reached_step},
                           {"reached_seconds", reached_seconds}, {"train_seconds", train_seconds}, {"steps_per_sec", steps_per_sec}};
-    log_.say(reached_step >= 0 ? "Reached the target " + fm::fmt("%g", o_.target) + " at step " + std::to_string(reached_step) + " after " +
-                                     fm::fmt("%.2f", reached_seconds) + " s of training; final relative L2 error " + fm::fmt("%.3e", err) + "."
-                               : "Did not reach the target " + fm::fmt("%g", o_.target) + "; final relative L2 error " + fm::fmt("%.3e", err) + ".");
+    log_.say(reached_step >= 0 ? "Reached the target " + ex::fmt("%g", o_.target) + " at step " + std::to_string(reached_step) + " after " +
+                                     ex::fmt("%.2f", reached_seconds) + " s of training; final relative L2 error " + ex::fmt("%.3e", err) + "."
+                               : "Did not reach the target " + ex::fmt("%g", o_.target) + "; final relative L2 error " + ex::fmt("%.3e", err) + ".");
 
     // The solution and its error on the grid, as images (x to the right, y upwards).
     std::vector<double> diff(u.size());
@@ -194,18 +194,18 @@ class PinnRun {
     for (std::size_t i = 0; i < u.size(); ++i) diff[i] = u[i] - exact_[i], worst = std::max(worst, std::fabs(diff[i]));
     const int k = static_cast<int>(o_.grid), scale = std::max(1, 303 / k);
     log_.heading("Solution", "Left: u from the network on the grid (white 0, dark red 1). Right: u minus the exact solution, blue below and "
-                             "red above, full colour at +-" + fm::fmt("%.2e", worst) + " (the largest error).");
+                             "red above, full colour at +-" + ex::fmt("%.2e", worst) + " (the largest error).");
     log_.html("<div class=\"grid\" style=\"gap:24px\"><figure style=\"width:auto\"><img style=\"width:303px;height:303px\" src=\"" +
-              fm::png_data_uri(fm::encode_png(fm::field_image(u, k, 0.0, 1.0, scale))) + "\" alt=\"u\"><figcaption>u(x, y)</figcaption></figure>" +
+              ex::png_data_uri(ex::encode_png(ex::field_image(u, k, 0.0, 1.0, scale))) + "\" alt=\"u\"><figcaption>u(x, y)</figcaption></figure>" +
               "<figure style=\"width:auto\"><img style=\"width:303px;height:303px\" src=\"" +
-              fm::png_data_uri(fm::encode_png(fm::field_image(diff, k, -worst, worst, scale))) +
+              ex::png_data_uri(ex::encode_png(ex::field_image(diff, k, -worst, worst, scale))) +
               "\" alt=\"error\"><figcaption>u - exact</figcaption></figure></div>");
     metrics_["max_abs_error"] = worst;
   }
 
   const Options& o_;
   json& metrics_;
-  fm::Log log_;
+  ex::Log log_;
   Optimizer optimizer_;
   pinn::Collocation<D> points_;
   tg::Tensor<float, D> grid_;
@@ -237,16 +237,16 @@ int main(int argc, char** argv) {
   app.add_option("--out", o.out, "output directory")->capture_default_str();
   app.add_flag("--quiet", o.quiet, "print nothing but errors");
   CLI11_PARSE(app, argc, argv);
-  return fm::run_main("pinn_poisson", [&] {
-    fm::check_device_option(o.device);
-    if (!o.check_golden) fm::check_output_dir(o.out);  // before training, not after it
+  return ex::run_main("pinn_poisson", [&] {
+    ex::check_device_option(o.device);
+    if (!o.check_golden) ex::check_output_dir(o.out);  // before training, not after it
     json metrics;
-    fm::Report html;
+    ex::Report html;
     const auto t0 = clock_type::now();
     const int rc = tg::with_device(o.device, [&]<class D>() { return PinnRun<D>(o, metrics, html).run(); });
     if (o.check_golden) return rc;
     metrics["seconds"] = seconds_since(t0);
-    fm::write_metrics_and_report(o.out, metrics.dump(2) + "\n", html.document("tapegrad: a physics-informed network for the Poisson problem"), o.quiet,
+    ex::write_metrics_and_report(o.out, metrics.dump(2) + "\n", html.document("tapegrad: a physics-informed network for the Poisson problem"), o.quiet,
                                  seconds_since(t0));
     return rc;
   });

@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "../common/layers.hpp"
+
 namespace vit {
 
 template <class D>
@@ -36,21 +38,8 @@ struct Config {
   }
 };
 
-/// flax.linen.Dense's parameters: the kernel (in, out) and the bias (out,); called on x (B, in).
-template <class D, class T = float>
-struct Dense {
-  tg::Tensor<T, D> w, b;
-  tg::Tensor<T, D> operator()(const tg::Tensor<T, D>& x, tg::Activation act = tg::Activation::none) const { return tg::linear(x, w, b, act); }
-};
-TG_PYTREE(Dense, w, b)
-
-/// flax.linen.LayerNorm's parameters: scale and bias (n,) over the last axis.
-template <class D, class T = float>
-struct LayerNorm {
-  tg::Tensor<T, D> scale, bias;
-  tg::Tensor<T, D> operator()(const tg::Tensor<T, D>& x, double eps) const { return tg::layer_norm(x, scale, bias, eps); }
-};
-TG_PYTREE(LayerNorm, scale, bias)
+using examples::Dense;
+using examples::LayerNorm;
 
 /// One pre-norm transformer block: LayerNorm, self-attention (qkv in one Dense, the heads' outputs through
 /// `out`), LayerNorm, a GELU MLP.
@@ -175,15 +164,11 @@ Tensor<D> forward(const Vit<D>& params, const Tensor<D>& x, const Config& c, Rng
 /// The mean softmax cross-entropy and, as aux, the batch accuracy.
 template <class C, class D>
 std::pair<Tensor<D>, Tensor<D>> loss_with_metrics(const Vit<D>& p, const Tensor<D>& x, const Labels<D>& y, const Config& c, Rng<D> rng = {}) {
-  const auto logits = forward<C>(p, x, c, rng);
-  return {tg::mean(tg::softmax_cross_entropy_with_integer_labels(logits, y)), tg::accuracy(logits, y)};
+  return examples::loss_and_accuracy(forward<C>(p, x, c, rng), y);
 }
 
 template <class D>
-struct Metrics {
-  Tensor<D> loss, accuracy, grad_norm;
-};
-TG_PYTREE(Metrics, loss, accuracy, grad_norm)
+using Metrics = examples::StepMetrics<D>;
 
 /// The optimizer: global-norm clipping, then AdamW with a linear warm-up and a cosine decay, from
 /// tg::optim's transforms (optax.chain(clip_by_global_norm, adamw(warmup_cosine_decay_schedule))).
@@ -205,17 +190,13 @@ std::tuple<Vit<D>, State, Metrics<D>> train_step(const Optimizer& optimizer, con
   auto loss_fn = [&c, &key](const Vit<D>& p, const Tensor<D>& xb, const Labels<D>& yb) {
     return loss_with_metrics<C>(p, xb, yb, c, Rng<D>{&key});
   };
-  auto [loss_and_accuracy, grads] = tg::value_and_grad(loss_fn, tg::has_aux)(params, x, y);
-  auto [updates, next_state] = optimizer.update(grads, opt_state, params);
-  Metrics<D> metrics{loss_and_accuracy.first, loss_and_accuracy.second, tg::global_norm(grads)};
-  return {tg::optim::apply_updates(params, updates), next_state, metrics};
+  return examples::classifier_step(loss_fn, optimizer, params, opt_state, x, y);
 }
 
 /// evaluate(params, batch): the summed loss and the predicted classes.
 template <class D>
 std::tuple<Tensor<D>, Labels<D>> evaluate(const Vit<D>& params, const Tensor<D>& x, const Labels<D>& y, const Config& c) {
-  const auto logits = forward<float>(params, x, c);
-  return {tg::sum(tg::softmax_cross_entropy_with_integer_labels(logits, y)), tg::argmax(logits, 1)};
+  return examples::evaluate_logits(forward<float>(params, x, c), y);
 }
 
 }  // namespace vit

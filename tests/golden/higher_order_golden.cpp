@@ -26,7 +26,7 @@ using D = tg::Cuda;
 using D = tg::Cpu;
 #endif
 using json = nlohmann::json;
-namespace fm = fashion_mnist;
+namespace ex = examples;
 
 namespace {
 
@@ -35,7 +35,7 @@ bool all_ok = true;
 
 /// The first `n` training images in np.random.default_rng(seed)'s order (pixels / 255 in f32), with labels,
 /// as the examples cut them.
-tg::data::Batch<D> first_batch(const fm::Split& train, std::int64_t n, std::uint32_t seed) {
+tg::data::Batch<D> first_batch(const ex::Split& train, std::int64_t n, std::uint32_t seed) {
   const auto order = tg::random::numpy::default_rng(seed).permutation(train.labels.size());
   return tg::data::fixed_batches<D>(train.images, train.labels, n, 10, std::span<const std::int64_t>(order))[0];
 }
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   const json golden = json::parse(in);
   const auto key = golden.at("tangent_key").get<std::uint32_t>();
   try {
-    const fm::Split train = fm::find_and_load("", /*allow_download=*/false, /*verify=*/true, /*quiet=*/true).train;
+    const ex::Split train = ex::find_and_load("", /*allow_download=*/false, /*verify=*/true, /*quiet=*/true).train;
 
     // 1. The codelab's loss: H v by tg::hvp (jvp of grad), leaf by leaf.
     const json& ch = golden.at("codelab_hvp");

@@ -1,10 +1,12 @@
-// Autodiff: every differentiable op against finite differences in double, the whole MLP, the transforms'
-// contracts (types, aux, accumulation, unused leaves, errors), and bf16 compute against f32. Built for the
-// CPU, and by nvcc with every tensor on CUDA (TG_TEST_CUDA).
+// autodiff/grad.hpp: grad and value_and_grad on the whole MLP against finite differences in double, their
+// contracts (types, aux, accumulation, unused leaves, errors), argnums, and bf16 compute against f32. Each op's
+// own derivatives are tested in its op family's file. Built for the CPU, and by nvcc with every tensor on
+// CUDA (TG_TEST_CUDA).
 #include "test_common.hpp"
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using Catch::Matchers::Contains;
@@ -74,106 +76,16 @@ using ad_test::AB;
 
 namespace {
 
-tg::Tensor<double, D> dinput(int seed, const tg::Shape& s, double scale = 1.0, double shift = 0.0) {
-  return rnd::normal<double, D>(rnd::key(seed), s) * scale + shift;
-}
-
-/// Checks the derivatives of sum(op(a, b) * w) for fixed random weights w, so every output element
-/// matters differently, against finite differences in double: to second order, in forward and reverse
-/// mode (grad, jvp, grad of grad, jvp of grad, grad of jvp, jvp of jvp), as JAX's tests check_grads(f,
-/// args, order=2).
-template <class Op>
-void check_op(const char* name, Op op, AB<double, D> p) {
-  INFO("op " << name);
-  const auto w = dinput(999, op(p.a, p.b).shape());
-  auto f = [&](const AB<double, D>& q) { return tg::sum(tg::mul(op(q.a, q.b), w)); };
-  const auto r = tg::check_grads(f, p, tg::GradCheckOptions{.order = 2, .modes = tg::fwd | tg::rev, .print = false});
-  INFO(r);
-  CHECK(r.passed);
-  CHECK(r.leaves.size() == 12);  // 2 leaves x (rev, fwd, and rev and fwd of each of those)
+void check_close(const tg::Tensor<double, D>& got, const std::vector<double>& want, double tol) {
+  const auto g = got.to_vector();
+  REQUIRE(g.size() == want.size());
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    INFO("element " << i << ": got " << g[i] << ", want " << want[i]);
+    CHECK(std::fabs(g[i] - want[i]) <= tol * std::max(1.0, std::fabs(want[i])));
+  }
 }
 
 }  // namespace
-
-TEST_CASE("every differentiable op's gradient matches finite differences in double", "[autodiff][ops]") {
-  const AB<double, D> any{dinput(1, {3, 4}, 1.5), dinput(2, {3, 4})};
-  const AB<double, D> pos{dinput(3, {3, 4}, 0.3, 2.0), dinput(4, {3, 4}, 0.3, 2.0)};
-  check_op("exp", [](auto a, auto) { return tg::exp(a); }, any);
-  check_op("log", [](auto a, auto) { return tg::log(a); }, pos);
-  check_op("tanh", [](auto a, auto) { return tg::tanh(a); }, any);
-  check_op("sigmoid", [](auto a, auto) { return tg::sigmoid(a); }, any);
-  check_op("relu", [](auto a, auto) { return tg::relu(a); }, any);
-  check_op("gelu", [](auto a, auto) { return tg::gelu(a); }, any);
-  check_op("gelu_exact", [](auto a, auto) { return tg::gelu_exact(a); }, any);
-  check_op("silu", [](auto a, auto) { return tg::silu(a); }, any);
-  check_op("sin", [](auto a, auto) { return tg::sin(a); }, any);
-  check_op("cos", [](auto a, auto) { return tg::cos(a); }, any);
-  check_op("erf", [](auto a, auto) { return tg::erf(a); }, any);
-  check_op("square", [](auto a, auto) { return tg::square(a); }, any);
-  check_op("sqrt", [](auto a, auto) { return tg::sqrt(a); }, pos);
-  check_op("rsqrt", [](auto a, auto) { return tg::rsqrt(a); }, pos);
-  check_op("abs", [](auto a, auto) { return tg::abs(a); }, any);
-  check_op("neg", [](auto a, auto) { return -a; }, any);
-  check_op("pow", [](auto a, auto) { return tg::pow(a, 2.5); }, pos);
-  check_op("clip", [](auto a, auto) { return tg::clip(a, -0.8, 0.9); }, any);
-  check_op("map2 AddScaled", [](auto a, auto b) { return tg::map2(a, b, tg::fn::AddScaled{-0.7}); }, any);
-  check_op("add", [](auto a, auto b) { return a + b; }, any);
-  check_op("sub", [](auto a, auto b) { return a - b; }, any);
-  check_op("mul", [](auto a, auto b) { return a * b; }, any);
-  check_op("div", [](auto a, auto b) { return a / b; }, pos);
-  check_op("maximum", [](auto a, auto b) { return tg::maximum(a, b); }, any);
-  check_op("minimum", [](auto a, auto b) { return tg::minimum(a, b); }, any);
-  check_op("scalar ops", [](auto a, auto) { return (2.0 - a * 3.0) / 4.0 + 1.0 / (a * a + 1.0); }, any);
-  check_op("where", [](auto a, auto b) { return tg::where(tg::greater(a, b), a * 2.0, b); }, any);
-  check_op("reshape", [](auto a, auto) { return tg::square(a.reshape({2, -1})); }, any);
-  check_op("cast f64 -> f64", [](auto a, auto) { return tg::cast<double>(a) * 3.0; }, any);
-  check_op("device round trip", [](auto a, auto) { return tg::device_put<D>(a.template to<tg::Cpu>()) * 3.0; }, any);
-}
-
-TEST_CASE("broadcasting sums cotangents back to each input's shape", "[autodiff][ops]") {
-  check_op("add (3,4) + (4,)", [](auto a, auto b) { return a + b; }, AB<double, D>{dinput(5, {3, 4}), dinput(6, {4})});
-  check_op("mul (3,1) * (1,4)", [](auto a, auto b) { return a * b; }, AB<double, D>{dinput(7, {3, 1}), dinput(8, {1, 4})});
-  check_op("div (2,3,4) / (3,1)", [](auto a, auto b) { return a / b; },
-           AB<double, D>{dinput(9, {2, 3, 4}), dinput(10, {3, 1}, 0.2, 2.0)});
-  check_op("maximum () vs (3,4)", [](auto a, auto b) { return tg::maximum(a, b); }, AB<double, D>{dinput(11, {}), dinput(12, {3, 4})});
-  check_op("broadcast_to", [](auto a, auto) { return tg::broadcast_to(a, tg::Shape{2, 3, 4}); }, AB<double, D>{dinput(13, {3, 1}), dinput(14, {1})});
-}
-
-TEST_CASE("reductions, softmax and log_softmax differentiate correctly", "[autodiff][reduce]") {
-  const AB<double, D> p{dinput(21, {3, 5}, 2.0), dinput(22, {3, 5})};
-  check_op("sum axis 0", [](auto a, auto) { return tg::sum(a, 0); }, p);
-  check_op("sum axis -1 keepdims", [](auto a, auto) { return tg::sum(a, -1, true); }, p);
-  check_op("sum all", [](auto a, auto) { return tg::sum(a); }, p);
-  check_op("mean axis 1", [](auto a, auto) { return tg::mean(a, 1); }, p);
-  check_op("mean all", [](auto a, auto) { return tg::mean(a); }, p);
-  check_op("max axis 1", [](auto a, auto) { return tg::max(a, 1); }, p);
-  check_op("max all", [](auto a, auto) { return tg::max(a); }, p);
-  check_op("logsumexp axis 0", [](auto a, auto) { return tg::logsumexp(a, 0); }, p);
-  check_op("softmax", [](auto a, auto) { return tg::softmax(a); }, p);
-  check_op("log_softmax", [](auto a, auto) { return tg::log_softmax(a); }, p);
-  // Ties in max share the cotangent evenly, as JAX does.
-  const auto tied = tg::full<double, D>({4}, 2.0);
-  const auto g = tg::grad([](const AB<double, D>& q) { return tg::max(q.a); })(AB<double, D>{tied, tied});
-  CHECK(g.a.to_vector() == std::vector<double>(4, 0.25));
-}
-
-TEST_CASE("matmul, linear and softmax cross-entropy differentiate correctly", "[autodiff][matmul]") {
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      INFO("transpose_a " << ta << ", transpose_b " << tb);
-      check_op("matmul", [&](auto a, auto b) { return tg::matmul(a, b, ta, tb); },
-               AB<double, D>{dinput(31, ta ? tg::Shape{5, 3} : tg::Shape{3, 5}), dinput(32, tb ? tg::Shape{4, 5} : tg::Shape{5, 4})});
-    }
-  const auto x = dinput(33, {6, 5});
-  for (auto act : {tg::Activation::none, tg::Activation::relu, tg::Activation::gelu, tg::Activation::gelu_exact, tg::Activation::silu}) {
-    INFO("activation " << tg::name_of(act));
-    check_op("linear (w, b)", [&](auto w, auto b) { return tg::linear(x, w, b, act); }, AB<double, D>{dinput(34, {5, 4}), dinput(35, {4})});
-    check_op("linear (x, b)", [&](auto xx, auto b) { return tg::linear(xx, dinput(36, {5, 4}), b, act); }, AB<double, D>{x, dinput(37, {4})});
-  }
-  const auto labels = tg::from_vector<D>(std::vector<std::int32_t>{0, 3, 2, 1, 3, 0});
-  check_op("softmax_cross_entropy", [&](auto logits, auto) { return tg::softmax_cross_entropy_with_integer_labels(logits, labels); },
-           AB<double, D>{dinput(38, {6, 4}, 3.0), dinput(39, {1})});
-}
 
 TEST_CASE("the whole MLP's gradient matches finite differences in double", "[autodiff][mlp]") {
   const auto params = ad_test::init_mlp<double, D>();
@@ -275,6 +187,19 @@ TEST_CASE("bf16-compute gradients stay close to f32 ones", "[autodiff][bf16]") {
     CHECK(diff > 0);  // bf16 really ran
   }, g16, g32);
   WARN("bf16 vs f32 gradients: worst leaf relative difference " << worst);
+}
+
+TEST_CASE("argnums picks the arguments grad and value_and_grad differentiate", "[autodiff][argnums]") {
+  auto f = [](const tg::Tensor<double, D>& a, const tg::Tensor<double, D>& b, double s) { return tg::sum(a * b * b) * s; };
+  const auto a = tg::from_vector<D>(std::vector<double>{1.0, 2.0}), b = tg::from_vector<D>(std::vector<double>{3.0, -1.0});
+  check_close(tg::grad(f, tg::argnums<1>)(a, b, 2.0), {2 * 2 * 1.0 * 3.0, 2 * 2 * 2.0 * -1.0}, 1e-15);
+  auto [value, grads] = tg::value_and_grad(f, tg::argnums<0, 1>)(a, b, 2.0);
+  CHECK(value.item() == Approx((9.0 + 2.0) * 2.0));
+  static_assert(std::is_same_v<decltype(grads), std::tuple<tg::Tensor<double, D>, tg::Tensor<double, D>>>);
+  check_close(std::get<0>(grads), {2 * 9.0, 2 * 1.0}, 1e-15);
+  check_close(std::get<1>(grads), {2 * 2 * 3.0, 2 * 2 * 2.0 * -1.0}, 1e-15);
+  // grad with argnums<0> is plain grad.
+  check_close(tg::grad(f, tg::argnums<0>)(a, b, 2.0), tg::grad(f)(a, b, 2.0).to_vector(), 0.0);
 }
 
 #if defined(TG_TEST_CUDA)

@@ -1,6 +1,12 @@
-// Running out of GPU memory (part of the GPU suite, tests/cuda/gpu_tests.cu): one allocation larger than
-// the device, and a growing loop of allocations, each end in a tg::Error naming the op, the bytes asked
-// and the bytes free; the process then frees its tensors and computes correctly.
+// Running out of GPU memory (part of the GPU suite, tapegrad_gpu_tests): one allocation larger than the
+// device, and a growing loop of allocations, each end in a tg::Error naming the op, the bytes asked and the
+// bytes free; the process then frees its tensors and computes correctly.
+#include "../test_common.hpp"
+
+#include <string>
+#include <vector>
+
+using Catch::Matchers::Contains;
 
 TEST_CASE("running out of GPU memory is a tg::Error, and the process goes on", "[cuda][memory]") {
   const auto info = tg::cuda::device_info();

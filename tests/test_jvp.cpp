@@ -1,7 +1,6 @@
-// Forward mode and higher order: jvp, linearize, grad of grad to third order, hvp, jacfwd, jacrev,
-// hessian (closed forms and finite differences in double), their composition with vmap and compile,
-// argnums, custom_vjp, checkpoint, and check_grads' order and modes. Built for the CPU, and by nvcc with
-// every tensor on CUDA (TG_TEST_CUDA).
+// autodiff/jvp.hpp, forward mode and higher order: jvp, linearize, grad of grad to third order, hvp, jacfwd,
+// jacrev, hessian (closed forms and finite differences in double), their composition with vmap and compile,
+// and their errors. Built for the CPU, and by nvcc with every tensor on CUDA (TG_TEST_CUDA).
 #include "test_common.hpp"
 
 #include <cmath>
@@ -215,63 +214,6 @@ TEST_CASE("hvp and hessian compose with compile: one recording, replays equal to
     for (int k = 0; k < 4; ++k) CHECK(std::fabs(hm[static_cast<std::size_t>(k)] - hvv[static_cast<std::size_t>(k)]) <= 1e-13 * std::max(1.0, std::fabs(hm[static_cast<std::size_t>(k)])));
   }
   CHECK(step.recordings() == 1);
-}
-
-TEST_CASE("argnums picks the arguments grad and value_and_grad differentiate", "[higher][argnums]") {
-  auto f = [](const tg::Tensor<double, D>& a, const tg::Tensor<double, D>& b, double s) { return tg::sum(a * b * b) * s; };
-  const auto a = dvec({1.0, 2.0}, {2}), b = dvec({3.0, -1.0}, {2});
-  check_close(tg::grad(f, tg::argnums<1>)(a, b, 2.0), {2 * 2 * 1.0 * 3.0, 2 * 2 * 2.0 * -1.0}, 1e-15);
-  auto [value, grads] = tg::value_and_grad(f, tg::argnums<0, 1>)(a, b, 2.0);
-  CHECK(value.item() == Approx((9.0 + 2.0) * 2.0));
-  static_assert(std::is_same_v<decltype(grads), std::tuple<tg::Tensor<double, D>, tg::Tensor<double, D>>>);
-  check_close(std::get<0>(grads), {2 * 9.0, 2 * 1.0}, 1e-15);
-  check_close(std::get<1>(grads), {2 * 2 * 3.0, 2 * 2 * 2.0 * -1.0}, 1e-15);
-  // grad with argnums<0> is plain grad.
-  check_close(tg::grad(f, tg::argnums<0>)(a, b, 2.0), tg::grad(f)(a, b, 2.0).to_vector(), 0.0);
-}
-
-TEST_CASE("custom_vjp: a straight-through estimator and a stable log-sum-exp, to second order", "[higher][custom_vjp]") {
-  // Straight-through: forward the sign, backward the identity.
-  auto ste = tg::custom_vjp([](const tg::Tensor<double, D>& x) { return std::pair{tg::where(tg::greater(x, tg::zeros<double, D>({})), tg::ones<double, D>({}), tg::full<double, D>({}, -1.0)), 0}; },
-                            [](int, const tg::Tensor<double, D>& dy) { return dy; });
-  const auto x = dvec({0.5, -2.0, 3.0}, {3});
-  check_close(ste(x), {1.0, -1.0, 1.0}, 0.0);
-  check_close(tg::grad([&](const tg::Tensor<double, D>& v) { return tg::sum(ste(v) * v); })(x), {1.0 + 0.5, -1.0 - 2.0, 1.0 + 3.0}, 1e-15);
-  // log-sum-exp with the softmax as its residual; differentiable twice because the residual is traced.
-  auto lse = tg::custom_vjp(
-      [](const tg::Tensor<double, D>& v) {
-        const auto m = tg::max(v).untraced();
-        const auto y = tg::log(tg::sum(tg::exp(v - m))) + m;
-        return std::pair{y, tg::exp(v - y)};
-      },
-      [](const tg::Tensor<double, D>& softmax, const tg::Tensor<double, D>& dy) { return softmax * dy; });
-  const auto big = dvec({1000.0, 1001.0, 999.0}, {3});
-  CHECK(std::isfinite(lse(big).item()));
-  CHECK(lse(big).item() == Approx(1001.0 + std::log(1.0 + std::exp(-1.0) + std::exp(-2.0))).epsilon(1e-15));
-  auto f = [&](const tg::Tensor<double, D>& v) { return lse(v * 2.0) * 0.5; };
-  const auto r = tg::check_grads(f, x, tg::GradCheckOptions{.order = 2, .modes = tg::fwd | tg::rev, .print = false});
-  INFO(r);
-  CHECK(r.passed);
-  // A wrong backward rule is caught, in both modes (forward mode is derived from it).
-  auto wrong = tg::custom_vjp([](const tg::Tensor<double, D>& v) { return std::pair{tg::sum(v * v), v}; },
-                              [](const tg::Tensor<double, D>& v, const tg::Tensor<double, D>& dy) { return v * dy; });  // should be 2 v dy
-  const auto bad = tg::check_grads(wrong, x, tg::GradCheckOptions{.modes = tg::fwd | tg::rev, .print = false});
-  CHECK_FALSE(bad.passed);
-  for (const auto& leaf : bad.leaves) CHECK_FALSE(leaf.passed());
-}
-
-TEST_CASE("checkpoint recomputes the forward in the backward pass with the same gradients, to second order", "[higher][checkpoint]") {
-  const ho_test::Net<D> p = ho_test::init_net<D>(21);
-  const auto xs = rnd::uniform<double, D>(rnd::key(22), {7, 2});
-  auto block = [](const ho_test::Net<D>& q, const tg::Tensor<double, D>& x) { return ho_test::net(q, x); };
-  auto plain = [&](const ho_test::Net<D>& q) { return tg::sum(tg::square(block(q, xs))); };
-  auto remat = [&](const ho_test::Net<D>& q) { return tg::sum(tg::square(tg::checkpoint(block)(q, xs))); };
-  std::string why;
-  CHECK(tg::tree_all_close(tg::grad(remat)(p), tg::grad(plain)(p), 1e-15, 1e-15, &why));
-  INFO(why);
-  const auto r = tg::check_grads(remat, p, tg::GradCheckOptions{.order = 2, .modes = tg::fwd | tg::rev, .print = false});
-  INFO(r);
-  CHECK(r.passed);
 }
 
 TEST_CASE("higher-order errors name the problem", "[higher][errors]") {

@@ -1,0 +1,136 @@
+// math/ (functors.hpp, activation.hpp): each functor's backward against central finite differences in
+// double, exp_poly (the vectorisable float exp) against expf over its whole range, and the functors run by
+// the CPU's loops at every instruction set level giving the same bits. Host code only: built for the CPU.
+#include "test_common.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace rnd = tg::random;
+
+namespace math_test {
+
+TEST_CASE("exp_poly, the vectorisable float exp, is within 1 ulp of expf over its whole range", "[math]") {
+  // Every float from the smallest normal result's argument to the largest finite one, a stride of 7 (some
+  // 2.7e8 values in reach, 3.8e7 checked); outside, 0 and inf as expf rounds (after flushing subnormals).
+  std::int64_t worst = 0;
+  float at = 0;
+  auto bits = [](float f) {
+    std::int32_t i;
+    std::memcpy(&i, &f, sizeof f);
+    return i;
+  };
+  for (float x = -87.3365f; x <= 88.72283f;) {
+    const std::int64_t ulp = std::abs(static_cast<std::int64_t>(bits(tg::math::exp_poly(x))) - bits(std::exp(x)));
+    if (ulp > worst) worst = ulp, at = x;
+    for (int k = 0; k < 7; ++k) x = std::nextafter(x, 100.0f);
+  }
+  INFO("worst " << worst << " ulp at x = " << at);
+  CHECK(worst <= 1);
+  CHECK(tg::math::exp_poly(0.0f) == 1.0f);
+  CHECK(tg::math::exp_poly(-87.34f) == 0.0f);
+  CHECK(tg::math::exp_poly(-std::numeric_limits<float>::infinity()) == 0.0f);
+  CHECK(std::isinf(tg::math::exp_poly(88.73f)));
+  CHECK(std::isnan(tg::math::exp_poly(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(tg::math::exp_poly(1.5) == std::exp(1.5));  // double: the library's exp
+}
+
+TEST_CASE("the CPU loops give the same bits at every instruction set level", "[math]") {
+#if TG_CPU_MULTI_ISA
+  // The AVX2 and AVX-512 loops the CPU picks at run time against the baseline (SSE2) loop, on functors
+  // where contracting a * b + c into an FMA or reordering a sum would show: GELU's polynomial, a fused
+  // softmax row, exp_poly, a multiply-add. Levels this CPU lacks are skipped.
+  const std::int64_t n = 4099;
+  const auto a = rnd::normal<float, tg::Cpu>(rnd::key(1), {n}) * 3.0f, b = rnd::normal<float, tg::Cpu>(rnd::key(2), {n});
+  struct Mix {
+    const float *a, *b;
+    float* y;
+    void operator()(std::int64_t i) const {
+      y[4 * i] = tg::fn::Gelu{}(a[i]);
+      y[4 * i + 1] = a[i] * b[i] + y[4 * i];
+      y[4 * i + 2] = tg::math::exp_poly(a[i]);
+      y[4 * i + 3] = tg::fn::Gelu{}.backward(a[i], y[4 * i], b[i]);
+    }
+  };
+  auto run = [&](auto loop) {
+    tg::Tensor<float, tg::Cpu> y({4 * n}), s({n / 17, 17});
+    loop(n, Mix{a.data(), b.data(), y.data()});
+    loop(n / 17, tg::detail::SoftmaxRowFn<float, false>{a.data(), s.data(), 17});
+    auto out = y.to_vector(), rows = s.to_vector();
+    out.insert(out.end(), rows.begin(), rows.end());
+    return out;
+  };
+  const auto baseline = run([](std::int64_t m, const auto& f) {
+    for (std::int64_t i = 0; i < m; ++i) f(i);
+  });
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) CHECK(run([](std::int64_t m, const auto& f) { tg::cpu::run_avx2(0, m, f); }) == baseline);
+#if TG_CPU_AVX512
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+    CHECK(run([](std::int64_t m, const auto& f) { tg::cpu::run_avx512(0, m, f); }) == baseline);
+#endif
+  CHECK(run([](std::int64_t m, const auto& f) { tg::cpu::run_range(0, m, f); }) == baseline);
+#else
+  SUCCEED("one instruction set level in this build");
+#endif
+}
+
+TEST_CASE("functor derivatives match central finite differences in double", "[math][grad]") {
+  // Each backward(x, y, dy) with dy = 1 must equal (f(x + h) - f(x - h)) / 2h; h = 1e-6 balances the
+  // O(h^2) truncation against rounding (about 1e-10 relative), so 1e-7 relative is a safe bound.
+  const auto pts = rnd::normal<double>(rnd::key(5), {200}).to_vector();
+  auto check_unary = [&](auto f, const char* name, double shift, double scale) {
+    double worst = 0.0;
+    for (double p : pts) {
+      const double x = p * scale + shift, h = 1e-6;
+      const double fd = (f(x + h) - f(x - h)) / (2 * h);
+      const double an = f.backward(x, f(x), 1.0);
+      worst = std::max(worst, std::fabs(fd - an) / std::max(1.0, std::fabs(fd)));
+    }
+    INFO(name << ": worst relative error " << worst);
+    CHECK(worst < 1e-7);
+  };
+  check_unary(tg::fn::Exp{}, "exp", 0, 1);
+  check_unary(tg::fn::Log{}, "log", 3, 0.5);
+  check_unary(tg::fn::Tanh{}, "tanh", 0, 2);
+  check_unary(tg::fn::Sigmoid{}, "sigmoid", 0, 3);
+  check_unary(tg::fn::Relu{}, "relu", 0, 1);  // FD at |x| >= h away from the kink: normals never land there
+  check_unary(tg::fn::Gelu{}, "gelu", 0, 2);
+  check_unary(tg::fn::GeluExact{}, "gelu_exact", 0, 2);
+  check_unary(tg::fn::Silu{}, "silu", 0, 3);
+  check_unary(tg::fn::Sin{}, "sin", 0, 2);
+  check_unary(tg::fn::Cos{}, "cos", 0, 2);
+  check_unary(tg::fn::Erf{}, "erf", 0, 1.5);
+  check_unary(tg::fn::Square{}, "square", 0, 1);
+  check_unary(tg::fn::Sqrt{}, "sqrt", 3, 0.5);
+  check_unary(tg::fn::Rsqrt{}, "rsqrt", 3, 0.5);
+  check_unary(tg::fn::Abs{}, "abs", 0, 1);
+  check_unary(tg::fn::Neg{}, "neg", 0, 1);
+  check_unary(tg::fn::PowScalar{2.5}, "pow", 3, 0.5);
+
+  auto check_binary = [&](auto f, const char* name, double shift_b) {
+    double worst = 0.0;
+    for (std::size_t i = 0; i + 1 < pts.size(); i += 2) {
+      const double a = pts[i], b = pts[i + 1] + shift_b, h = 1e-6, y = f(a, b);
+      const double fa = (f(a + h, b) - f(a - h, b)) / (2 * h), fb = (f(a, b + h) - f(a, b - h)) / (2 * h);
+      worst = std::max({worst, std::fabs(fa - f.backward_a(a, b, y, 1.0)) / std::max(1.0, std::fabs(fa)),
+                        std::fabs(fb - f.backward_b(a, b, y, 1.0)) / std::max(1.0, std::fabs(fb))});
+    }
+    INFO(name << ": worst relative error " << worst);
+    CHECK(worst < 1e-7);
+  };
+  check_binary(tg::fn::Add{}, "add", 0);
+  check_binary(tg::fn::Sub{}, "sub", 0);
+  check_binary(tg::fn::Mul{}, "mul", 0);
+  check_binary(tg::fn::Div{}, "div", 4);
+  check_binary(tg::fn::Maximum{}, "maximum", 0);
+  check_binary(tg::fn::Minimum{}, "minimum", 0);
+  // Ties split the gradient evenly; where() routes it to the chosen side.
+  CHECK(tg::fn::Maximum{}.backward_a(1.0, 1.0, 1.0, 1.0) == 0.5);
+  CHECK(tg::fn::Select{}.backward_a<double>(1, 2.0) == 2.0);
+  CHECK(tg::fn::Select{}.backward_b<double>(1, 2.0) == 0.0);
+}
+
+}  // namespace math_test
