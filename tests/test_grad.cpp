@@ -2,16 +2,7 @@
 // contracts (types, aux, accumulation, unused leaves, errors), argnums, and bf16 compute against f32. Each op's
 // own derivatives are tested in its op family's file. Built for the CPU, and by nvcc with every tensor on
 // CUDA (TG_TEST_CUDA).
-#include "test_common.hpp"
-
-#include <cmath>
-#include <string>
-#include <tuple>
-#include <vector>
-
-using Catch::Matchers::Contains;
-using D = TestDevice;
-namespace rnd = tg::random;
+#include "autodiff_common.hpp"
 
 namespace ad_test {
 
@@ -74,18 +65,7 @@ Batch<T, Dev> make_batch(std::int64_t n, std::int64_t in = 784) {
 
 using ad_test::AB;
 
-namespace {
-
-void check_close(const tg::Tensor<double, D>& got, const std::vector<double>& want, double tol) {
-  const auto g = got.to_vector();
-  REQUIRE(g.size() == want.size());
-  for (std::size_t i = 0; i < g.size(); ++i) {
-    INFO("element " << i << ": got " << g[i] << ", want " << want[i]);
-    CHECK(std::fabs(g[i] - want[i]) <= tol * std::max(1.0, std::fabs(want[i])));
-  }
-}
-
-}  // namespace
+using ho_test::check_close;
 
 TEST_CASE("the whole MLP's gradient matches finite differences in double", "[autodiff][mlp]") {
   const auto params = ad_test::init_mlp<double, D>();
