@@ -5,6 +5,8 @@
 #include <limits>
 #include <random>
 
+namespace bf16_tests {
+
 namespace {
 
 /// Reference rounding by value: the nearer of the two bf16 neighbours of f, ties to the even one.
@@ -73,3 +75,5 @@ TEST_CASE("bf16 agrees with a reference rounding on 2^24 random floats and every
     }
   }
 }
+
+}  // namespace bf16_tests

@@ -6,6 +6,8 @@
 #include <limits>
 #include <vector>
 
+namespace check_numerics_tests {
+
 using Catch::Matchers::Contains;
 
 namespace numerics_test {
@@ -53,3 +55,5 @@ TEST_CASE("nonfinite_flags is computed inside a compiled step and checked after 
   CHECK(step.recordings() == 1);
   CHECK_THROWS_WITH(tg::raise_if_nonfinite(f2, "log at step 2"), Contains("[check_numerics] log at step 2"));
 }
+
+}  // namespace check_numerics_tests

@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+namespace compile_tests {
+
 using Catch::Matchers::Contains;
 using D = TestDevice;
 namespace opt = tg::optim;
@@ -291,3 +293,5 @@ TEST_CASE("a CPU step that allocates differently when recorded again falls back 
     CHECK(a.to_vector() == std::vector<float>{15, 31, 47, 63});
   }
 }
+
+}  // namespace compile_tests

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+namespace conv_tests {
+
 using Catch::Matchers::Contains;
 using D = TestDevice;
 namespace rnd = tg::random;
@@ -319,3 +321,5 @@ TEST_CASE("cuDNN's layout moves, on the CPU: the kernel to (o, kh, kw, i) and ba
     CHECK(xc.to_vector() == x.to_vector());
   }
 }
+
+}  // namespace conv_tests

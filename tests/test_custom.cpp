@@ -3,6 +3,8 @@
 // and by nvcc with every tensor on CUDA (TG_TEST_CUDA).
 #include "autodiff_common.hpp"
 
+namespace custom_tests {
+
 using ho_test::check_close;
 using ho_test::dvec;
 
@@ -49,3 +51,5 @@ TEST_CASE("checkpoint recomputes the forward in the backward pass with the same 
   INFO(r);
   CHECK(r.passed);
 }
+
+}  // namespace custom_tests

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+namespace data_tests {
+
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
@@ -181,3 +183,5 @@ TEST_CASE("fixed_batches scales, shuffles in permutation order, trims the tail a
   CHECK_THROWS_WITH(tg::data::fixed_batches<tg::Cpu>(images, tg::from_vector(std::vector<std::uint8_t>(4), {4}), 2, 10),
                     Contains("must hold the same number of examples"));
 }
+
+}  // namespace data_tests

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+namespace device_tests {
+
 using Catch::Matchers::Contains;
 
 #if !defined(TG_WITH_CUDA)
@@ -116,3 +118,5 @@ TEST_CASE("build_info names the versions and the devices", "[device]") {
   CHECK(info.rows().size() == 8);
   CHECK(info.rows().front() == std::pair<std::string, std::string>{"tapegrad", tg::version});
 }
+
+}  // namespace device_tests

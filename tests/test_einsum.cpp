@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+namespace einsum_tests {
+
 using Catch::Matchers::Contains;
 using D = TestDevice;
 namespace rnd = tg::random;
@@ -69,3 +71,5 @@ TEST_CASE("einsum of two operands equals the definition, in one GEMM, with finit
   CHECK_THROWS_WITH(tg::einsum("ab1d,abed->abce", q, k), Contains("'1' is not an index"));
   CHECK_THROWS_WITH(tg::einsum("abcd,abcd->abd", q, op_test::dnormal(1, {2, 3, 7, 5})), Contains("index 'c' has size 4 in (2, 3, 4, 5) but 7"));
 }
+
+}  // namespace einsum_tests

@@ -10,6 +10,8 @@
 #include <limits>
 #include <vector>
 
+namespace elementwise_tests {
+
 using Catch::Matchers::Contains;
 using D = TestDevice;
 namespace rnd = tg::random;
@@ -242,3 +244,5 @@ TEST_CASE("CUDA elementwise ops equal the CPU's", "[ops][cuda]") {
   check_close(values(tg::gelu(xg)), values(tg::gelu(xc)), 1e-6, 1e-6, "gelu");
 }
 #endif
+
+}  // namespace elementwise_tests

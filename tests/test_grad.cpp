@@ -4,6 +4,8 @@
 // CUDA (TG_TEST_CUDA).
 #include "autodiff_common.hpp"
 
+namespace grad_tests {
+
 namespace ad_test {
 
 /// Two inputs for the op tests.
@@ -201,3 +203,5 @@ TEST_CASE("CUDA gradients equal the CPU's", "[autodiff][cuda]") {
   }, gg, gc);
 }
 #endif
+
+}  // namespace grad_tests

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+namespace indexing_tests {
+
 using Catch::Matchers::Contains;
 using D = TestDevice;
 namespace rnd = tg::random;
@@ -177,3 +179,5 @@ TEST_CASE("the per-element index functors CUDA runs equal the CPU's row forms", 
   CHECK(c2.to_vector() == c.to_vector());
 }
 #endif
+
+}  // namespace indexing_tests

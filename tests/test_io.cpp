@@ -12,6 +12,8 @@
 #include <unistd.h>
 #include <vector>
 
+namespace io_tests {
+
 using Catch::Matchers::Contains;
 namespace fs = std::filesystem;
 
@@ -204,3 +206,5 @@ TEST_CASE("load_safetensors round-trips every dtype and leaves the tree unchange
   rejects((dir / "missing.safetensors").string(), "cannot open (No such file or directory)");
   fs::remove_all(dir);
 }
+
+}  // namespace io_tests

@@ -3,6 +3,8 @@
 // and their errors. Built for the CPU, and by nvcc with every tensor on CUDA (TG_TEST_CUDA).
 #include "autodiff_common.hpp"
 
+namespace jvp_tests {
+
 using ho_test::check_close;
 using ho_test::dvec;
 
@@ -174,3 +176,5 @@ TEST_CASE("higher-order errors name the problem", "[higher][errors]") {
   check_close(tg::grad(g)(x), {3.0, 12.0}, 1e-15);
   CHECK_THROWS_WITH(tg::hessian(g)(x), Contains("[cube]") && Contains("no higher-order derivative") && Contains("custom_vjp"));
 }
+
+}  // namespace jvp_tests

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+namespace matmul_tests {
+
 using Catch::Matchers::Contains;
 using D = TestDevice;
 namespace rnd = tg::random;
@@ -205,3 +207,5 @@ TEST_CASE("CUDA GEMMs and the fused layer equal the CPU's", "[ops][cuda]") {
   }
 }
 #endif
+
+}  // namespace matmul_tests

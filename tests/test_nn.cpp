@@ -6,6 +6,8 @@
 #include <cmath>
 #include <vector>
 
+namespace nn_tests {
+
 using Catch::Matchers::Contains;
 using D = TestDevice;
 namespace rnd = tg::random;
@@ -133,3 +135,5 @@ TEST_CASE("softmax cross-entropy differentiates correctly", "[autodiff][nn]") {
   check_op("softmax_cross_entropy", [&](auto logits, auto) { return tg::softmax_cross_entropy_with_integer_labels(logits, labels); },
            AB<double, D>{dnormal(38, {6, 4}, 3.0), dnormal(39, {1})});
 }
+
+}  // namespace nn_tests

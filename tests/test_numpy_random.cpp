@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+namespace numpy_random_tests {
+
 using Catch::Matchers::Contains;
 namespace np = tg::random::numpy;
 
@@ -228,3 +230,5 @@ TEST_CASE("numpy::Generator rejects bad arguments with tg::Error", "[numpy]") {
   // The failed calls drew nothing: the generator is still at default_rng(0)'s start.
   require_equal("permutation/0/10", g.permutation(10));
 }
+
+}  // namespace numpy_random_tests

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+namespace optim_tests {
+
 using Catch::Matchers::Contains;
 using D = TestDevice;
 namespace opt = tg::optim;
@@ -506,3 +508,5 @@ TEST_CASE("an AdamW update can be captured in a CUDA Graph (no host round trip)"
   CHECK(std::get<0>(std::get<1>(captured.second)).count.item() == 1);
 }
 #endif
+
+}  // namespace optim_tests

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+namespace random_tests {
+
 using D = TestDevice;
 namespace rnd = tg::random;
 
@@ -241,3 +243,5 @@ TEST_CASE("test binaries find their golden files through the environment, beside
   fs::remove_all(root);
 }
 #endif
+
+}  // namespace random_tests

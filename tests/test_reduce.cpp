@@ -7,6 +7,8 @@
 #include <limits>
 #include <vector>
 
+namespace reduce_tests {
+
 using Catch::Matchers::Contains;
 using D = TestDevice;
 namespace rnd = tg::random;
@@ -138,3 +140,5 @@ TEST_CASE("CUDA reductions equal the CPU's", "[ops][cuda]") {
   CHECK(tg::sum(xg).item() == tg::sum(xc).item());  // same chunking, same order
 }
 #endif
+
+}  // namespace reduce_tests

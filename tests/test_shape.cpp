@@ -1,6 +1,8 @@
 // Shape: ranks, sizes, axes, and the errors for impossible shapes.
 #include "test_common.hpp"
 
+namespace shape_tests {
+
 using Catch::Matchers::Contains;
 
 TEST_CASE("Shape counts elements and normalises axes", "[shape]") {
@@ -32,3 +34,5 @@ TEST_CASE("Shape rejects negative, overflowing and too many dimensions", "[shape
   CHECK_THROWS_AS((tg::Shape{1LL << 30, 1LL << 30}), tg::Error);
   CHECK_NOTHROW(tg::Shape{1LL << 29, 1LL << 30});
 }
+
+}  // namespace shape_tests

@@ -5,6 +5,8 @@
 #include <sstream>
 #include <vector>
 
+namespace tensor_tests {
+
 using Catch::Matchers::Contains;
 using Catch::Matchers::StartsWith;
 using D = TestDevice;
@@ -97,3 +99,5 @@ TEST_CASE("operator<< prints shape, dtype, device and leading values", "[tensor]
                               Contains("[1]"));
   CHECK_THAT((tg::zeros<float, D>({1}).device_name()), StartsWith(device));
 }
+
+}  // namespace tensor_tests

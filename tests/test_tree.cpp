@@ -6,6 +6,8 @@
 #include <tuple>
 #include <vector>
 
+namespace tree_tests {
+
 using Catch::Matchers::Contains;
 
 namespace tree_test {
@@ -177,3 +179,5 @@ TEST_CASE("tree_cast changes the floating leaves' dtype, and the tree's type wit
   CHECK(tg::tree_all_close(g1, g2, 0.0, 0.0));
   CHECK(g1.first.w.to_vector() != std::vector<float>(6, 0.0f));
 }
+
+}  // namespace tree_tests
