@@ -48,7 +48,7 @@ TG_HD inline float exp_poly(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const float nc = n < -126.0f ? -126.0f : (n > 127.0f ? 127.0f : n);
+  const float nc = n >= -126.0f ? (n <= 127.0f ? n : 127.0f) : -126.0f;  // NaN to -126: converting NaN to int is undefined
   const std::uint32_t bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(nc) + 127) << 23;
   float scale;
   __builtin_memcpy(&scale, &bits, sizeof scale);

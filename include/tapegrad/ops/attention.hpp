@@ -527,6 +527,7 @@ Tensor<T, D> attention_fused(const Tensor<T, D>& q, const Tensor<T, D>& k, const
             kept_mask, d, per_item, items, rows, keys](Tape& t, const Tensor<T, D>& dout) {
              AttentionDims dd = d;
              dd.mask = kept_mask.defined() ? kept_mask.data() : nullptr;
+             if constexpr (!by_head) static_cast<void>(per_item);  // the by-head backward's block count only
              const C* pk = p.defined() ? p.data() : nullptr;
              Tensor<T, D> dq(q0.shape()), dk(k0.shape()), dv(v0.shape());
              if (rows + keys > 0) {

@@ -43,8 +43,8 @@ backend::ConvResult conv(backend::ConvPass pass, const backend::ConvProblem& p, 
       else bias_f = detail::to_f32(*bias);
     }
     if (std::is_same_v<T, float> || OneDnn::instance().bf16_supported()) {
-      const GemmType type = std::is_same_v<T, float> ? GemmType::f32 : GemmType::bf16;
-      ::tg::detail::cpu_kernel([pass, q, type, post, pa = a.data(), pb = b.data(), pbias = bias_f.data(), po = out.data()] {
+      constexpr GemmType type = std::is_same_v<T, float> ? GemmType::f32 : GemmType::bf16;
+      ::tg::detail::cpu_kernel([pass, q, post, pa = a.data(), pb = b.data(), pbias = bias_f.data(), po = out.data()] {
         OneDnnConv::instance().run(pass, q, type, post, pa, pb, pbias, po);
       });
     } else {
