@@ -55,6 +55,14 @@ if command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^G
 else
   echo "no GPU here (nvidia-smi missing or lists none): a dry run" | tee -a "$log"
 fi
+if grep -q '^TAPEGRAD_CHECK_BUILD:BOOL=ON' "$g/MANIFEST"; then
+  if [ $gpu = 1 ]; then
+    echo "gpu-run: this bundle is from a TAPEGRAD_CHECK_BUILD build (nvcc's host code and the benchmarks at -O0):" \
+         "bundle a build configured without it for a GPU run" | tee -a "$log"
+    exit 1
+  fi
+  echo "a TAPEGRAD_CHECK_BUILD bundle (host code at -O0): fine for a dry run, refused on a GPU" | tee -a "$log"
+fi
 unresolved=$(for f in "$bin"/*; do ldd "$f" | grep "not found" | sed "s|^|$(basename "$f"): |"; done | sort -u)
 if [ -n "$unresolved" ]; then
   echo "libraries not found:" | tee -a "$log"
