@@ -14,7 +14,9 @@ namespace math_test {
 
 TEST_CASE("exp_poly, the vectorisable float exp, is within 1 ulp of expf over its whole range", "[math]") {
   // Every float from the smallest normal result's argument to the largest finite one, a stride of 7 (some
-  // 2.7e8 values in reach, 3.8e7 checked); outside, 0 and inf as expf rounds (after flushing subnormals).
+  // 2.2e9 values in reach, 3.2e8 checked); outside, 0 and inf as expf rounds (after flushing subnormals).
+  // The floats in order are the integers: k >= 0 is the float with bits k, k < 0 minus the one with bits -k,
+  // so k + 7 is seven nextafter steps up (a stride in the integers, not 7 calls to nextafter per value).
   std::int64_t worst = 0;
   float at = 0;
   auto bits = [](float f) {
@@ -22,10 +24,17 @@ TEST_CASE("exp_poly, the vectorisable float exp, is within 1 ulp of expf over it
     std::memcpy(&i, &f, sizeof f);
     return i;
   };
-  for (float x = -87.3365f; x <= 88.72283f;) {
+  auto from_bits = [](std::int32_t i) {
+    float f;
+    std::memcpy(&f, &i, sizeof f);
+    return f;
+  };
+  auto ordered = [&](std::int32_t k) { return k >= 0 ? from_bits(k) : -from_bits(-k); };
+  for (std::int32_t k = -bits(87.3365f);; k += 7) {
+    const float x = ordered(k);
+    if (x > 88.72283f) break;
     const std::int64_t ulp = std::abs(static_cast<std::int64_t>(bits(tg::math::exp_poly(x))) - bits(std::exp(x)));
     if (ulp > worst) worst = ulp, at = x;
-    for (int k = 0; k < 7; ++k) x = std::nextafter(x, 100.0f);
   }
   INFO("worst " << worst << " ulp at x = " << at);
   CHECK(worst <= 1);
