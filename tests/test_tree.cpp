@@ -103,8 +103,8 @@ TEST_CASE("tree_map, zeros_like, global_norm and all_close", "[tree]") {
 
   // Floating leaves only (the int32 leaf is skipped): 6*1 + 3*4 + 3*1 + 0.25 + 2*9 + 16 + 1 + 1 + 2*0.25.
   const double want = std::sqrt(6 * 1.0 + 3 * 4.0 + 3 * 1.0 + 0.25 + 2 * 9.0 + 16.0 + 1.0 + 1.0 + 2 * 0.25);
-  const auto norm = tg::global_norm(m);
-  static_assert(std::is_same_v<decltype(norm), const tg::Tensor<float, tg::Cpu>>);
+  const auto norm = tg::global_norm(m);  // the model has double leaves: a double norm, as JAX promotes
+  static_assert(std::is_same_v<decltype(norm), const tg::Tensor<double, tg::Cpu>>);
   CHECK(norm.rank() == 0);
   CHECK(norm.item() == Approx(want).epsilon(1e-6));
 
@@ -130,9 +130,30 @@ TEST_CASE("global_norm of many leaves of many sizes equals the double reference"
   const auto b = tg::cast<tg::bf16>(tg::random::normal<float>(tg::random::key(501), {40}));
   for (auto v : b.to_vector()) want += static_cast<double>(static_cast<float>(v)) * static_cast<float>(v);
   const auto norm = tg::global_norm(std::tuple{floats, d, b});
+  static_assert(std::is_same_v<decltype(norm), const tg::Tensor<double, tg::Cpu>>);
   CHECK(norm.item() == Approx(std::sqrt(want)).epsilon(2e-6));
   CHECK(tg::global_norm(std::tuple{floats, d, b}).item() == norm.item());  // reproducible
   CHECK(tg::global_norm(std::vector<tg::Tensor<float>>{}).item() == 0.0f);
+}
+
+TEST_CASE("global_norm keeps the tree's floating type: double trees to double precision, as optax", "[tree]") {
+  // A double tree's norm is computed and returned in double (it once came back in float: 9.7243013381958
+  // for 9.724301358657133).
+  const std::vector<tg::Tensor<double>> d{tg::random::normal<double>(tg::random::key(7), {40}), tg::random::normal<double>(tg::random::key(8), {3, 19})};
+  long double want = 0;
+  for (const auto& t : d)
+    for (double v : t.to_vector()) want += static_cast<long double>(v) * v;
+  const auto norm = tg::global_norm(d);
+  static_assert(std::is_same_v<decltype(norm), const tg::Tensor<double, tg::Cpu>>);
+  CHECK(std::abs(norm.item() - static_cast<double>(std::sqrt(want))) <= 1e-15 * norm.item());
+  // Float alone stays float; bf16 alone is bf16 (JAX's sum of bf16 squares is bf16), summed in float.
+  static_assert(std::is_same_v<decltype(tg::global_norm(std::vector<tg::Tensor<float>>{})), tg::Tensor<float, tg::Cpu>>);
+  const auto b = tg::cast<tg::bf16>(tg::random::normal<float>(tg::random::key(9), {50}));
+  const auto nb = tg::global_norm(std::vector{b});
+  static_assert(std::is_same_v<decltype(nb), const tg::Tensor<tg::bf16, tg::Cpu>>);
+  double sb = 0;
+  for (auto v : b.to_vector()) sb += static_cast<double>(static_cast<float>(v)) * static_cast<float>(v);
+  CHECK(nb.item().bits == tg::bf16(static_cast<float>(std::sqrt(sb))).bits);
 }
 
 TEST_CASE("mismatched structures are errors that name the path", "[tree][errors]") {

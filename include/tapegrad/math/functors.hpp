@@ -188,12 +188,13 @@ struct AddScaled {
   template <class C> TG_HD C backward_a(C, C, C, C dy) const { return dy; }
   template <class C> TG_HD C backward_b(C, C, C, C dy) const { return C(alpha) * dy; }
 };
-/// optax.clip_by_global_norm's rescale of one element: g where norm < max_norm (compared in float, as the
-/// norm is computed), else (g / norm) * max_norm. Not differentiable (an optimizer's arithmetic).
+/// optax.clip_by_global_norm's rescale of one element: g where norm < max_norm (compared in the norm's
+/// type, as optax compares), else (g / norm) * max_norm in g's compute type. Not differentiable (an
+/// optimizer's arithmetic).
 struct ClipToNorm {
   double max_norm = 1.0;
-  template <class C> TG_HD C operator()(C g, C norm) const {
-    return static_cast<float>(norm) < static_cast<float>(max_norm) ? g : (g / norm) * C(max_norm);
+  template <class C, class N> TG_HD C operator()(C g, N norm) const {
+    return norm < static_cast<N>(max_norm) ? g : (g / static_cast<C>(norm)) * C(max_norm);
   }
 };
 struct Sub {

@@ -436,19 +436,21 @@ inline Clip clip(double max_delta) {
 namespace detail {
 
 /// clip_by_global_norm's rescale of a chunk of one leaf (fn::ClipToNorm, in the compute type), the norm
-/// read from the device: leaves in, leaves out.
+/// (of the tree's floating type N) read from the device: leaves in, leaves out.
+template <class N>
 struct ClipToNormFn {
-  const float* norm;
+  const N* norm;
   double max_norm;
   template <class Lists>
   TG_HD void operator()(const Lists& l, const ::tg::detail::Chunk& c) const {
     range(fn::ClipToNorm{max_norm}, norm[0], c.begin, c.end, l.ptr[0][c.tensor], l.ptr[1][c.tensor]);
   }
   template <class T>
-  TG_HOST_NOINLINE TG_HD static void range(fn::ClipToNorm clip, float norm, std::int64_t begin, std::int64_t end, const T* __restrict in,
+  TG_HOST_NOINLINE TG_HD static void range(fn::ClipToNorm clip, N norm, std::int64_t begin, std::int64_t end, const T* __restrict in,
                                            T* __restrict out) {
     using C = compute_t<T>;
-    const C n = static_cast<C>(norm);
+    using NC = compute_t<N>;
+    const NC n = ::tg::detail::convert_from<NC>(norm);
     for (std::int64_t i = begin; i < end; ++i) out[i] = ::tg::detail::convert_to<T>(clip(::tg::detail::convert_from<C>(in[i]), n));
   }
 };
@@ -462,9 +464,10 @@ struct ClipByGlobalNorm {
   template <class Params>
   std::pair<Params, EmptyState> update(const Params& updates, const EmptyState&, const Params&) const {
     using D = tree_device_t<Params>;
-    const auto norm = global_norm(updates);  // float, on the device
+    const auto norm = global_norm(updates);  // of the tree's floating type, on the device
     if (tree_batch_levels(updates)) {  // batching rule (under tg::vmap): each example's updates by its own norm, with ops
-      const auto below = less(norm, full<float, D>(Shape{}, static_cast<float>(max_norm)));
+      using N = typename std::remove_cvref_t<decltype(norm)>::value_type;
+      const auto below = less(norm, full<N, D>(Shape{}, static_cast<N>(max_norm)));
       return {tree_map([&](const auto& g) {
                 using T = typename std::remove_cvref_t<decltype(g)>::value_type;
                 if constexpr (FloatElement<T>) {
@@ -477,7 +480,7 @@ struct ClipByGlobalNorm {
     }
     // optax: select(norm < max_norm, t, (t / norm) * max_norm), in each leaf's compute type: one launch
     // per 32 leaves of a dtype, the norm read from the device.
-    const detail::ClipToNormFn clip{norm.data(), max_norm};
+    const detail::ClipToNormFn<typename std::remove_cvref_t<decltype(norm)>::value_type> clip{norm.data(), max_norm};
     std::tuple<::tg::detail::TensorLists<float, 2>, ::tg::detail::TensorLists<double, 2>, ::tg::detail::TensorLists<bf16, 2>> lists;
     auto run = [&](auto& group) {
       if (!group.empty()) ::tg::detail::multi_tensor_map<D>(group, clip);

@@ -16,31 +16,35 @@
 
 TG_BEGIN_NAMESPACE
 
-/// sqrt of the sum of squares of every floating leaf, as a 0-d float tensor on the leaves' device (optax's
-/// global_norm). Computed on the device (no host synchronisation), in float (double trees: double rounded
-/// to float at the end). The float leaves take one launch per 64 leaves (sums of squares of 256-element
-/// chunks, each in index order) and one sum of the chunks' results, in order: a few kernels for a whole
-/// model instead of several per leaf, and the same bits on every device.
+/// sqrt of the sum of squares of every floating leaf, as a 0-d tensor on the leaves' device (optax's
+/// global_norm), of the type JAX's sum of the leaves' sums would have (tree_float_t: double for a tree with
+/// a double leaf, float with a float one, bf16 for bf16 alone). Computed on the device, with no host
+/// synchronisation: double leaves in double; float leaves in float, one launch per 64 leaves (sums of
+/// squares of 256-element chunks, each in index order) and one sum of the chunks' results, in order: a few
+/// kernels for a whole model instead of several per leaf, and the same bits on every device; bf16 leaves
+/// squared and summed in float. The float total joins the double one in double, as JAX promotes.
 template <class Tree>
-Tensor<float, tree_device_t<Tree>> global_norm(const Tree& tree) {
+Tensor<tree_float_t<Tree>, tree_device_t<Tree>> global_norm(const Tree& tree) {
   using D = tree_device_t<Tree>;
+  using R = tree_float_t<Tree>;
+  using Acc = std::conditional_t<std::is_same_v<R, double>, double, float>;  // the total's type: float for bf16 trees
   if (tree_batch_levels(tree)) {  // batching rule (jax.vmap(optax.global_norm)): each example's norm, one pass over each leaf
-    Tensor<float, D> total = zeros<float, D>(Shape{});
+    Tensor<Acc, D> total = zeros<Acc, D>(Shape{});
     tree_for_each_tensor([&](std::size_t, const std::string&, const auto& leaf) {
       using T = typename std::remove_cvref_t<decltype(leaf)>::value_type;
       if constexpr (FloatElement<T>) {
         if (!leaf.batch_levels()) {  // shared by every example
-          total = add(total, cast<float>(sum(square(cast<compute_t<T>>(leaf)))));
+          total = add(total, cast<Acc>(sum(square(cast<compute_t<T>>(leaf)))));
           return;
         }
         const auto p = leaf.physical().untraced();
         const std::int64_t n = leaf.size(), rows = n ? p.size() / n : 0;
         const auto sq = detail::reduce_rows_as_all<detail::SumSquaresReducer, detail::SumReducer>(p.reshape(Shape{rows, n}), "global_norm");
-        total = add(total, detail::as_batched(cast<float>(sq).reshape(Shape(p.shape().dims().first(static_cast<std::size_t>(detail::batch_rank(leaf.batch_levels()))))),
+        total = add(total, detail::as_batched(cast<Acc>(sq).reshape(Shape(p.shape().dims().first(static_cast<std::size_t>(detail::batch_rank(leaf.batch_levels()))))),
                                               leaf.batch_levels()));
       }
     }, tree);
-    return sqrt(total);
+    return cast<R>(sqrt(total));
   }
   constexpr std::int64_t chunk = 256;
   Tensor<double, D> total64;
@@ -68,8 +72,11 @@ Tensor<float, tree_device_t<Tree>> global_norm(const Tree& tree) {
   flush();
   if (partials.size() == 1) total = add(total, sum(partials[0]));
   else if (!partials.empty()) total = add(total, sum(concatenate(std::span<const Tensor<float, D>>(partials))));
-  if (total64.defined()) total = add(total, cast<float>(total64));
-  return sqrt(total);
+  if constexpr (std::is_same_v<R, double>) {
+    return sqrt(total64.defined() ? add(total64, cast<double>(total)) : cast<double>(total));
+  } else {
+    return cast<R>(sqrt(total));
+  }
 }
 
 TG_END_NAMESPACE

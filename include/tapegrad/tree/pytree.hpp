@@ -158,12 +158,43 @@ struct leaf_device<T> {
   using type = decltype(pick(static_cast<decltype(tg_pytree_field_types(static_cast<const T*>(nullptr)))*>(nullptr)));
 };
 
+// ---- the floating type of a tree's leaves, as a type: JAX's promotion of their sum ----
+
+template <class A, class B>
+using promote_float = std::conditional_t<std::is_void_v<A>, B,
+                      std::conditional_t<std::is_void_v<B>, A,
+                      std::conditional_t<std::is_same_v<A, double> || std::is_same_v<B, double>, double,
+                      std::conditional_t<std::is_same_v<A, float> || std::is_same_v<B, float>, float, A>>>>;
+
+template <class T> struct leaf_float { using type = void; };
+template <class T, class D> struct leaf_float<Tensor<T, D>> { using type = std::conditional_t<FloatElement<T>, T, void>; };
+template <class T, std::size_t N> struct leaf_float<std::array<T, N>> : leaf_float<T> {};
+template <class T, class A> struct leaf_float<std::vector<T, A>> : leaf_float<T> {};
+
+template <class... T> struct promoted_float { using type = void; };
+template <class T, class... Rest> struct promoted_float<T, Rest...> {
+  using type = promote_float<typename leaf_float<std::remove_cvref_t<T>>::type, typename promoted_float<Rest...>::type>;
+};
+template <class... T> struct leaf_float<std::tuple<T...>> : promoted_float<T...> {};
+template <class A, class B> struct leaf_float<std::pair<A, B>> : promoted_float<A, B> {};
+template <class T> requires Registered<T>
+struct leaf_float<T> {
+  template <class... F> static auto pick(std::tuple<void*, F...>*) -> typename promoted_float<F...>::type;
+  using type = decltype(pick(static_cast<decltype(tg_pytree_field_types(static_cast<const T*>(nullptr)))*>(nullptr)));
+};
+
 }  // namespace detail
 
 /// The device of a pytree's tensors (tg::Cpu when it has none).
 template <class Tree>
 using tree_device_t = std::conditional_t<std::is_void_v<typename detail::leaf_device<Tree>::type>, Cpu,
                                          typename detail::leaf_device<Tree>::type>;
+
+/// The floating type a sum over a pytree's floating leaves has in JAX: double if any leaf is double, else
+/// float if any is float, else bf16 (float when the tree has no floating leaf).
+template <class Tree>
+using tree_float_t = std::conditional_t<std::is_void_v<typename detail::leaf_float<Tree>::type>, float,
+                                        typename detail::leaf_float<Tree>::type>;
 
 /// Calls f(path, leaf, leaves of rest...) for every leaf, in order; the trees must share a structure.
 template <class F, class Tree, class... Rest>
