@@ -38,6 +38,12 @@ struct Cube {
   TG_HD double backward(double v, double, double dy) const { return 3 * v * v * dy; }
 };
 
+/// The same with its derivative as one generic expression (math/functors.hpp): differentiable to any order.
+struct CubeWithDerivative {
+  TG_HD double operator()(double v) const { return v * v * v; }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V&) const { return tg::math::k<V>(3) * x * x; }
+};
+
 template <class Dev>
 Net<Dev> init_net(int seed) {
   return {rnd::normal<double, Dev>(rnd::key(seed), {2, 8}) * 0.7, rnd::normal<double, Dev>(rnd::key(seed + 1), {8}) * 0.1,

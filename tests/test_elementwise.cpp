@@ -122,9 +122,9 @@ TEST_CASE("clip, map with another output type, and map2 with AddScaled", "[ops][
   CHECK(std::isnan(c[7]));  // as jnp.clip: NaN stays NaN
   CHECK_THROWS_WITH(tg::clip(x, 1.0, -1.0), Contains("[clip] needs lo <= hi, got [1, -1]"));
   // Derivative: 1 inside, 0 outside, 1/2 on a bound (JAX's tie rule for maximum / minimum).
-  CHECK(tg::fn::Clip{-1.0, 1.0}.backward(1.0, 0.0, 1.0) == 0.5);
-  CHECK(tg::fn::Clip{-1.0, 1.0}.backward(-2.0, 0.0, 1.0) == 0.0);
-  CHECK(tg::fn::Clip{-1.0, 1.0}.backward(0.25, 0.0, 1.0) == 1.0);
+  CHECK(tg::fn::Clip{-1.0, 1.0}.derivative(1.0, 0.0) == 0.5);
+  CHECK(tg::fn::Clip{-1.0, 1.0}.derivative(-2.0, 0.0) == 0.0);
+  CHECK(tg::fn::Clip{-1.0, 1.0}.derivative(0.25, 0.0) == 1.0);
   // map<Op, Out>: an int32 tensor mapped to doubles.
   const auto halves = tg::map<ops_test::Half, double>(tg::from_vector<D>(std::vector<std::int32_t>{1, 4, -3}), ops_test::Half{});
   CHECK(halves.to_vector() == std::vector<double>{0.5, 2.0, -1.5});
@@ -179,7 +179,7 @@ TEST_CASE("bf16 GELU and its gradient are the f32 computation rounded once to bf
   int worst_y = 0, worst_g = 0;
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const float v = static_cast<float>(xs[i]);
-    const tg::bf16 want_y(tg::fn::Gelu{}(v)), want_g(tg::fn::Gelu{}.backward(v, 0.0f, 1.0f));
+    const tg::bf16 want_y(tg::fn::Gelu{}(v)), want_g(tg::fn::Gelu{}.derivative(v, 0.0f));
     // Far in the negative tail (x < -5) the value is below 1e-7 and oneDNN's 0.5 x (1 + tanh(u)) (JAX's
     // formula) cancels in f32: there it must agree in absolute terms, to f32 rounding of 1 + tanh(u).
     const double tail = 1e-6 * (1.0 + static_cast<double>(v) * v);

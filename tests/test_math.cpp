@@ -60,7 +60,7 @@ TEST_CASE("the CPU loops give the same bits at every instruction set level", "[m
       y[4 * i] = tg::fn::Gelu{}(a[i]);
       y[4 * i + 1] = a[i] * b[i] + y[4 * i];
       y[4 * i + 2] = tg::math::exp_poly(a[i]);
-      y[4 * i + 3] = tg::fn::Gelu{}.backward(a[i], y[4 * i], b[i]);
+      y[4 * i + 3] = tg::fn::backward(tg::fn::Gelu{}, a[i], y[4 * i], b[i]);
     }
   };
   auto run = [&](auto loop) {
@@ -87,15 +87,15 @@ TEST_CASE("the CPU loops give the same bits at every instruction set level", "[m
 }
 
 TEST_CASE("functor derivatives match central finite differences in double", "[math][grad]") {
-  // Each backward(x, y, dy) with dy = 1 must equal (f(x + h) - f(x - h)) / 2h; h = 1e-6 balances the
-  // O(h^2) truncation against rounding (about 1e-10 relative), so 1e-7 relative is a safe bound.
+  // Each derivative(x, y) must equal (f(x + h) - f(x - h)) / 2h; h = 1e-6 balances the O(h^2) truncation
+  // against rounding (about 1e-10 relative), so 1e-7 relative is a safe bound.
   const auto pts = rnd::normal<double>(rnd::key(5), {200}).to_vector();
   auto check_unary = [&](auto f, const char* name, double shift, double scale) {
     double worst = 0.0;
     for (double p : pts) {
       const double x = p * scale + shift, h = 1e-6;
       const double fd = (f(x + h) - f(x - h)) / (2 * h);
-      const double an = f.backward(x, f(x), 1.0);
+      const double an = f.derivative(x, f(x));
       worst = std::max(worst, std::fabs(fd - an) / std::max(1.0, std::fabs(fd)));
     }
     INFO(name << ": worst relative error " << worst);
@@ -124,8 +124,8 @@ TEST_CASE("functor derivatives match central finite differences in double", "[ma
     for (std::size_t i = 0; i + 1 < pts.size(); i += 2) {
       const double a = pts[i], b = pts[i + 1] + shift_b, h = 1e-6, y = f(a, b);
       const double fa = (f(a + h, b) - f(a - h, b)) / (2 * h), fb = (f(a, b + h) - f(a, b - h)) / (2 * h);
-      worst = std::max({worst, std::fabs(fa - f.backward_a(a, b, y, 1.0)) / std::max(1.0, std::fabs(fa)),
-                        std::fabs(fb - f.backward_b(a, b, y, 1.0)) / std::max(1.0, std::fabs(fb))});
+      worst = std::max({worst, std::fabs(fa - f.derivative_a(a, b, y)) / std::max(1.0, std::fabs(fa)),
+                        std::fabs(fb - f.derivative_b(a, b, y)) / std::max(1.0, std::fabs(fb))});
     }
     INFO(name << ": worst relative error " << worst);
     CHECK(worst < 1e-7);
@@ -136,10 +136,45 @@ TEST_CASE("functor derivatives match central finite differences in double", "[ma
   check_binary(tg::fn::Div{}, "div", 4);
   check_binary(tg::fn::Maximum{}, "maximum", 0);
   check_binary(tg::fn::Minimum{}, "minimum", 0);
-  // Ties split the gradient evenly; where() routes it to the chosen side.
-  CHECK(tg::fn::Maximum{}.backward_a(1.0, 1.0, 1.0, 1.0) == 0.5);
-  CHECK(tg::fn::Select{}.backward_a<double>(1, 2.0) == 2.0);
-  CHECK(tg::fn::Select{}.backward_b<double>(1, 2.0) == 0.0);
+  // Ties split the gradient evenly. A select's zero slope does not read the cotangent (relu'(x) dy is 0 for
+  // x <= 0 even for a NaN dy, as JAX's select); a product's does (0 times NaN is NaN).
+  CHECK(tg::fn::backward2<true>(tg::fn::Maximum{}, 1.0, 1.0, 1.0, 1.0) == 0.5);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK(tg::fn::backward(tg::fn::Relu{}, -1.0, 0.0, nan) == 0.0);
+  CHECK(tg::fn::backward(tg::fn::Clip{-1.0, 1.0}, 2.0, 1.0, nan) == 0.0);
+  CHECK(std::isnan(tg::fn::backward(tg::fn::Square{}, 0.0, 0.0, nan)));
+}
+
+TEST_CASE("each derivative is one expression: its tensor form equals its scalar form", "[math][grad]") {
+  // The traced backward pass multiplies by derivative(x, y) compiled for tensors, the kernels by the same
+  // expression compiled for doubles: they agree to rounding, element by element.
+  const auto xt = rnd::normal<double>(rnd::key(9), {300});
+  auto check = [&](auto f, const char* name, double shift, double scale) {
+    const auto x = xt * scale + shift;
+    const auto y = tg::map(x, f);
+    const auto tensor = f.derivative(x, y).to_vector();
+    const auto xs = x.to_vector(), ys = y.to_vector();
+    double worst = 0.0;
+    for (std::size_t i = 0; i < xs.size(); ++i)
+      worst = std::max(worst, std::fabs(tensor[i] - f.derivative(xs[i], ys[i])) / std::max(1.0, std::fabs(tensor[i])));
+    INFO(name << ": worst relative difference " << worst);
+    CHECK(worst <= 4e-16);
+  };
+  check(tg::fn::Exp{}, "exp", 0, 1);
+  check(tg::fn::Log{}, "log", 3, 0.5);
+  check(tg::fn::Tanh{}, "tanh", 0, 2);
+  check(tg::fn::Sigmoid{}, "sigmoid", 0, 3);
+  check(tg::fn::Gelu{}, "gelu", 0, 2);
+  check(tg::fn::GeluExact{}, "gelu_exact", 0, 2);
+  check(tg::fn::Silu{}, "silu", 0, 3);
+  check(tg::fn::Sin{}, "sin", 0, 2);
+  check(tg::fn::Cos{}, "cos", 0, 2);
+  check(tg::fn::Erf{}, "erf", 0, 1.5);
+  check(tg::fn::Square{}, "square", 0, 1);
+  check(tg::fn::Sqrt{}, "sqrt", 3, 0.5);
+  check(tg::fn::Rsqrt{}, "rsqrt", 3, 0.5);
+  check(tg::fn::PowScalar{2.5}, "pow", 3, 0.5);
+  static_assert(tg::fn::piecewise_linear<tg::fn::Relu> && tg::fn::piecewise_linear<tg::fn::Maximum> && !tg::fn::piecewise_linear<tg::fn::Tanh>);
 }
 
 }  // namespace math_test

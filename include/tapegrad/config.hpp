@@ -10,9 +10,13 @@
 #if defined(__CUDACC__)
 #define TG_HD __host__ __device__
 #define TG_DEVICE __device__
+// Before a TG_HD template that is also instantiated for host-only types (a generic derivative compiled for
+// a tg::Tensor, math/functors.hpp): nvcc then checks host / device calls only where it runs on the device.
+#define TG_HD_GENERIC _Pragma("nv_exec_check_disable")
 #else
 #define TG_HD
 #define TG_DEVICE
+#define TG_HD_GENERIC
 #endif
 
 // TG_CPU_MULTI_ISA: whether the CPU loops are also compiled for wider vector units and picked at run

@@ -70,9 +70,27 @@ void trace_leaves(Tape& tape, Tree& tree) {
           const Tensor<T, D> dy = t.cotangent<T, D>(node);
           if (dy.defined()) t.accumulate(outer, dy);
         });
+        forward_identity<T, D>(tape, outer, node);
       }
     }
   }, tree);
+}
+
+/// A tree of zeros like `tree`'s floating leaves, each a fresh node on `tape`, physical and batched as the
+/// leaves are: the variables a transformation linearises in (jvp's cotangent u of the output, custom_jvp's
+/// tangents).
+template <class Tree>
+Tree zero_leaves(Tape& tape, const Tree& tree) {
+  Tree z = tree;
+  tree_for_each([&](const std::string&, auto& leaf) {
+    using L = std::remove_cvref_t<decltype(leaf)>;
+    using T = typename L::value_type;
+    if constexpr (FloatElement<T>) {
+      leaf = L::batched(zeros<T, typename L::device_type>(leaf.physical_shape()), leaf.batch_levels());
+      leaf.set_trace({tape.id(), tape.new_node(leaf.physical_shape())});
+    }
+  }, z);
+  return z;
 }
 
 /// f(x, args...) recorded on `tape` from fresh nodes for x's leaves (trace_leaves; `x` becomes the traced
@@ -85,14 +103,29 @@ auto call_traced(Tape& tape, X& x, F& f, Args&&... args) {
 }
 
 /// The tape a transformation records on: the active one when it is nested in another (so the outer one
-/// sees everything it does), else its own.
+/// sees everything it does), else its own; and the transformation's level (core/tape.hpp) while it runs.
+/// A reverse transformation's level is pending until it calls walking() (its rules are kept until then);
+/// a forward one (tg::jvp's) carries its pass's tangents, and a tape of its own is forward-only.
 class TransformTape {
  public:
-  TransformTape() : outer_(active_tape) {
-    if (!outer_) own_.emplace();
+  enum Kind { reverse, forward };
+  explicit TransformTape(Kind kind = reverse) : outer_(active_tape) {
+    if (!outer_) {
+      own_.emplace();
+      if (kind == forward) own_->set_forward_only();
+    }
     first_node_ = tape().size();
     first_entry_ = tape().entries();
+    if (kind == forward) {
+      forward_.emplace(first_node_);
+      forward_scope_.emplace(tape(), *forward_);
+    } else {
+      pending_.emplace(tape(), first_node_);
+    }
+    level_.emplace(Level{tape().id(), first_node_, forward_ ? &*forward_ : nullptr});
   }
+  TransformTape(const TransformTape&) = delete;
+  TransformTape& operator=(const TransformTape&) = delete;
   Tape& tape() { return outer_ ? *outer_ : *own_; }
   /// Nested in another transformation: its walks record, its results stay traced.
   bool nested() const { return outer_ != nullptr; }
@@ -100,11 +133,21 @@ class TransformTape {
   std::int64_t first_entry() const { return first_entry_; }
   /// A value to hand back: traced when nested, else a plain tensor.
   template <class X> X result(X x) const { return nested() ? std::move(x) : strip_traces(std::move(x)); }
+  /// A reverse transformation's walk begins: every rule it walks is recorded.
+  void walking() {
+    if (pending_) pending_->end();
+  }
+  /// A forward transformation's tangents.
+  Forward& pass() { return *forward_; }
 
  private:
   Tape* outer_;
   std::optional<Tape> own_;
   std::int64_t first_node_ = 0, first_entry_ = 0;
+  std::optional<Forward> forward_;
+  std::optional<ForwardScope> forward_scope_;
+  std::optional<PendingReverse> pending_;
+  std::optional<LevelScope> level_;  // last: popped before the tape goes
 };
 
 /// The cotangent of each leaf of `traced` after `walk`, as a tree of its type (zeros for a leaf nothing
@@ -148,6 +191,7 @@ auto value_and_grad_impl(F& f, const Params& params, Args&&... args) {
 
   // Nested in another transformation, the walk records (its rules' ops are differentiated by the outer
   // one); outermost, nothing is active during it and the rules run their fused kernels.
+  scope.walking();
   Walk walk(tape.size(), scope.first_node(), scope.nested());
   if (tape.owns(loss.trace())) {  // batched: a scalar per example, each seeded with 1
     tape.accumulate_in(walk, loss.trace(), ones<typename Loss::value_type, typename Loss::device_type>(loss.physical_shape()));

@@ -1,8 +1,12 @@
-// Forward mode and its compositions: jvp, linearize, hvp, jacfwd, jacrev, hessian. A JVP is the
-// transpose of the VJP: the backward pass from f's output, seeded with a cotangent u and recorded, is
-// linear in u; walking *that* pass backward from x's cotangent, seeded with the tangent t, gives J t at
-// u (JAX derives the VJP by transposing the JVP; here the JVP is derived by transposing the VJP, op by op,
-// from the traced backward rules that higher order needs anyway).
+// Forward mode and its compositions: jvp, linearize, hvp, jacfwd, jacrev, hessian.
+//
+// jvp pushes tangents forward with the ops' JVP rules, as JAX does: f runs once, each op giving its output
+// a tangent from its inputs' as it runs (core/tape.hpp's Forward; the rules sit beside each op's backward
+// rule), and nothing is kept for a backward pass. Where f reaches an op that has no JVP rule, jvp computes
+// J t by transposing the VJP instead: the backward pass from f's output, seeded with a cotangent u and
+// recorded, is linear in u; walking *that* pass backward from x's cotangent, seeded with t, gives J t
+// (a forward and two backward passes; the same numbers). linearize and jacfwd use that transposition
+// (one recorded VJP, one walk per tangent).
 #pragma once
 
 #include <cstdint>
@@ -22,22 +26,6 @@
 TG_BEGIN_NAMESPACE
 
 namespace detail {
-
-/// A tree of zeros like `out`'s tensors, each a fresh node on `tape` (the cotangent u of a recorded VJP),
-/// physical and batched as `out`'s leaves are.
-template <class Out>
-Out cotangent_leaves(Tape& tape, const Out& out) {
-  Out u = out;
-  tree_for_each([&](const std::string&, auto& leaf) {
-    using L = std::remove_cvref_t<decltype(leaf)>;
-    using T = typename L::value_type;
-    if constexpr (FloatElement<T>) {
-      leaf = L::batched(zeros<T, typename L::device_type>(leaf.physical_shape()), leaf.batch_levels());
-      leaf.set_trace({tape.id(), tape.new_node(leaf.physical_shape())});
-    }
-  }, u);
-  return u;
-}
 
 /// `t` as the physical tensor of a leaf batched at `levels` (a tangent or a seed given per example, or
 /// shared by every example), checked against the leaf's per-example shape.
@@ -86,7 +74,7 @@ auto linearize_on(Tape& tape, std::int64_t first_node, std::int64_t first_entry,
   X traced = primal;
   lin.out = call_traced(tape, traced, f, std::forward<Args>(args)...);
   lin.u_first = tape.size();
-  lin.u = cotangent_leaves(tape, lin.out);
+  lin.u = zero_leaves(tape, lin.out);  // the output's cotangent u
   Walk walk(tape.size(), first_node, /*records=*/true);
   tree_for_each([&](const std::string&, const auto& y, const auto& u) {
     using L = std::remove_cvref_t<decltype(y)>;
@@ -134,15 +122,73 @@ concept JacobianTensor = is_tensor<X>::value && FloatElement<typename X::value_t
 
 }  // namespace detail
 
-/// jvp(f, x, t, args...) -> {f(x, args...), J t}: the output and its tangent along t, as jax.jvp(f, (x,),
-/// (t,)). x and t are pytrees of one type (a tensor, a registered struct); f's result a tensor or a pytree
-/// of tensors; args are not differentiated. Costs a forward pass and two backward passes.
+namespace detail {
+
+/// `t` as the physical tangent of a leaf batched at `levels`, checked as seed_for does, and kept traced
+/// (a transformation outside the jvp differentiates through it).
+template <Element T, Device D>
+Tensor<T, D> tangent_for(const Tensor<T, D>& t, const Tensor<T, D>& leaf, const std::string& path, const char* op) {
+  seed_for(t, leaf, path, op);
+  return materialize(t, leaf.batch_levels()).physical();
+}
+
+/// jvp by the ops' JVP rules: f(x) run once with x's tangents pushed forward. Throws NoForwardRule where f
+/// reaches an op without one.
 template <class F, class X, class... Args>
-auto jvp(F f, const X& primal, const X& tangent, Args&&... args) {
-  detail::TransformTape scope;
-  auto lin = detail::linearize_on(scope.tape(), scope.first_node(), scope.first_entry(), scope.nested(), f, primal, std::forward<Args>(args)...);
+auto jvp_by_rules(F& f, const X& primal, const X& tangent, Args&... args) {
+  TransformTape scope(TransformTape::forward);
+  Tape& tape = scope.tape();
+  DepthScope depth(2);  // fused ops run as their compositions, whose primitives have rules
+  X traced = primal;
+  using Out = std::remove_cvref_t<std::invoke_result_t<F&, const X&, Args&...>>;
+  Out out = [&] {
+    ActiveTape active(&tape);
+    trace_leaves(tape, traced);
+    tree_for_each([&](const std::string& path, const auto& x, const auto& t) {
+      using L = std::remove_cvref_t<decltype(x)>;
+      if constexpr (FloatElement<typename L::value_type>) {
+        const auto seed = tangent_for(t, x, path, "jvp");
+        scope.pass().set(x.trace().node, seed);
+      }
+    }, traced, tangent);
+    return f(std::as_const(traced), args...);
+  }();
+  Out out_tangent = out;
+  tree_for_each([&](const std::string&, auto& t, const auto& y) {
+    using L = std::remove_cvref_t<decltype(y)>;
+    using T = typename L::value_type;
+    using D = typename L::device_type;
+    if constexpr (FloatElement<T>) {
+      Tensor<T, D> g = tape.holds(y.trace()) ? scope.pass().template tangent<T, D>(y.trace().node) : Tensor<T, D>{};
+      t = L::batched(g.defined() ? g : zeros<T, D>(y.physical_shape()), y.batch_levels());
+    }
+  }, out_tangent, out);
+  return std::pair{scope.result(std::move(out)), scope.result(std::move(out_tangent))};
+}
+
+/// jvp by transposing the recorded VJP (for a function with an op that has no JVP rule).
+template <class F, class X, class... Args>
+auto jvp_by_transposition(F& f, const X& primal, const X& tangent, Args&&... args) {
+  TransformTape scope;
+  auto lin = linearize_on(scope.tape(), scope.first_node(), scope.first_entry(), scope.nested(), f, primal, std::forward<Args>(args)...);
   auto out_tangent = lin.apply(tangent, "jvp");
   return std::pair{scope.result(std::move(lin.out)), std::move(out_tangent)};
+}
+
+}  // namespace detail
+
+/// jvp(f, x, t, args...) -> {f(x, args...), J t}: the output and its tangent along t, as jax.jvp(f, (x,),
+/// (t,)). x and t are pytrees of one type (a tensor, a registered struct); f's result a tensor or a pytree
+/// of tensors; args are not differentiated. Forward mode by the ops' JVP rules (about two forward passes'
+/// work); where f uses an op without one, by transposing the VJP (a forward and two backward passes).
+template <class F, class X, class... Args>
+auto jvp(F f, const X& primal, const X& tangent, Args&&... args) {
+  try {
+    return detail::jvp_by_rules(f, primal, tangent, args...);
+  } catch (const detail::NoForwardRule&) {
+    // An op without a JVP rule: the same J t by transposition. f ran partly; pure, it is run again.
+  }
+  return detail::jvp_by_transposition(f, primal, tangent, std::forward<Args>(args)...);
 }
 
 /// linearize(f, x, args...) -> {f(x, args...), f_jvp}: f_jvp(t) gives J t for any tangent t, each call a
@@ -152,6 +198,7 @@ template <class F, class X, class... Args>
 auto linearize(F f, const X& primal, Args&&... args) {
   TG_CHECK(detail::active_tape == nullptr, "linearize", "cannot be nested in grad, jvp or another transformation; use tg::jvp inside them");
   auto tape = std::make_shared<detail::Tape>();
+  detail::LevelScope level(detail::Level{tape->id(), 0});
   auto lin = detail::linearize_on(*tape, 0, 0, false, f, primal, std::forward<Args>(args)...);
   lin.own = tape;
   auto out = detail::strip_traces(lin.out);
@@ -159,7 +206,8 @@ auto linearize(F f, const X& primal, Args&&... args) {
 }
 
 /// hvp(f, x, v, args...) -> H v, the Hessian of the scalar f(x, args...) at x times v, by forward over
-/// reverse: jvp of grad(f). Of x's type.
+/// reverse: jvp of grad(f), the tangents pushed through the gradient's backward pass by the rules of the
+/// ops it runs. Of x's type.
 template <class F, class X, class... Args>
 X hvp(F f, const X& primal, const X& v, Args&&... args) {
   auto g = [&f](const X& x, auto&&... a) { return grad(f)(x, std::forward<decltype(a)>(a)...); };
@@ -201,6 +249,7 @@ auto jacrev(F f) {
     X traced = x;
     const X out = detail::call_traced(tape, traced, f, std::forward<decltype(args)>(args)...);
     std::vector<X> rows;
+    scope.walking();
     const std::int64_t last = tape.entries();
     for (std::int64_t i = 0; i < out.size(); ++i) {
       detail::Walk walk(tape.size(), scope.first_node(), scope.nested());

@@ -9,7 +9,9 @@
 // themselves recorded and an outer walk differentiates them. Each walk keeps its own cotangents.
 #pragma once
 
+#include <algorithm>
 #include <any>
+#include <climits>
 #include <atomic>
 #include <cstdint>
 #include <deque>
@@ -55,6 +57,9 @@ class Walk {
 
   bool wants(std::int64_t node) const { return node >= floor_ && node < static_cast<std::int64_t>(cotangents_.size()); }
   bool records() const { return records_; }
+  /// The first node the pass wants: its transformation's first node, which names the pass's level (see
+  /// Level below).
+  std::int64_t floor() const { return floor_; }
 
   /// The cotangent of `node`, or an undefined tensor when nothing has flowed into it.
   template <Element T, Device D>
@@ -69,6 +74,44 @@ class Walk {
   std::vector<std::any> cotangents_;
   std::int64_t floor_;
   bool records_;
+};
+
+/// Thrown by an op that has no forward (JVP) rule when a forward-mode pass reaches it with a tangent:
+/// tg::jvp then computes the JVP by transposing the VJP instead (autodiff/jvp.hpp), so the number is right
+/// either way.
+struct NoForwardRule {
+  const char* op;
+};
+
+/// One forward-mode pass (a tg::jvp's): the tangent of each node of its tape from `floor` on, pushed
+/// forward op by op by the ops' JVP rules as they run. An undefined tangent is zero.
+class Forward {
+ public:
+  explicit Forward(std::int64_t floor) : floor_(floor) {}
+  std::int64_t floor() const { return floor_; }
+
+  template <Element T, Device D>
+  Tensor<T, D> tangent(std::int64_t node) const {
+    const std::size_t i = static_cast<std::size_t>(node - floor_);
+    if (node < floor_ || i >= tangents_.size()) return {};
+    if (const auto* g = std::any_cast<Tensor<T, D>>(&tangents_[i])) return *g;
+    return {};
+  }
+  bool has(std::int64_t node) const {
+    const std::size_t i = static_cast<std::size_t>(node - floor_);
+    return node >= floor_ && i < tangents_.size() && tangents_[i].has_value();
+  }
+  template <Element T, Device D>
+  void set(std::int64_t node, const Tensor<T, D>& g) {
+    if (node < floor_ || !g.defined()) return;
+    const std::size_t i = static_cast<std::size_t>(node - floor_);
+    if (i >= tangents_.size()) tangents_.resize(i + 1);
+    tangents_[i] = g;
+  }
+
+ private:
+  std::int64_t floor_;
+  std::vector<std::any> tangents_;
 };
 
 /// A record of the ops applied to traced tensors, in order.
@@ -92,6 +135,8 @@ class Tape {
   /// The running backward pass records its rules' ops (a nested transformation's pass): rules then use
   /// their traced formulas rather than fused kernels.
   bool records() const { return walk_ != nullptr && walk_->records(); }
+  /// The running pass's floor (its level's first node; see Level), -1 outside a pass.
+  std::int64_t walk_floor() const { return walk_ ? walk_->floor() : -1; }
 
   /// A fresh node for a value of `shape`, with no cotangent yet.
   std::int64_t new_node(const Shape& shape) {
@@ -108,7 +153,63 @@ class Tape {
   }
   int uses(std::int64_t node) const { return uses_[static_cast<std::size_t>(node)]; }
 
-  void push(Backward fn) { entries_.push_back(std::move(fn)); }
+  void push(Backward fn) {
+    if (keeps_entries()) entries_.push_back(std::move(fn));
+  }
+
+  // ---- forward mode ----
+  // A tape made by a forward-mode tg::jvp is forward-only: its backward rules are kept only while a
+  // reverse transformation nested in it will walk them (a pending level, below), so a JVP keeps no
+  // intermediate values. Any other tape keeps every rule.
+  void set_forward_only() { forward_only_ = true; }
+  /// Whether a rule pushed now is kept: on a forward-only tape, while a reverse level is pending whose
+  /// floor is below the cutoff (a forward rule's own ops are walked only by reverse levels outside its
+  /// pass).
+  bool keeps_entries() const {
+    if (!forward_only_) return true;
+    for (std::int64_t f : pending_)
+      if (f < cutoff_) return true;
+    return false;
+  }
+  void add_pending(std::int64_t floor) { pending_.push_back(floor); }
+  void remove_pending(std::int64_t floor) {
+    for (auto it = pending_.end(); it != pending_.begin();)
+      if (*--it == floor) {
+        pending_.erase(it);
+        return;
+      }
+  }
+  /// The forward passes running on this tape, outermost first; the ones an op's rule sees are the first
+  /// visible_forwards() (a rule for pass i runs with passes i and inward hidden: its ops belong to the
+  /// outer passes, which differentiate them).
+  void add_forward(Forward* f) {
+    forwards_.push_back(f);
+    visible_ = forwards_.size();
+  }
+  void remove_forward() {
+    forwards_.pop_back();
+    visible_ = forwards_.size();
+  }
+  std::size_t visible_forwards() const { return visible_; }
+  /// Hides the forward pass `f` and the ones inside it (while f's own rule runs); returns how many were
+  /// visible, for show_forwards.
+  std::size_t hide_forwards_from(const Forward* f) {
+    const std::size_t old = visible_;
+    for (std::size_t i = 0; i < visible_; ++i)
+      if (forwards_[i] == f) {
+        visible_ = i;
+        break;
+      }
+    return old;
+  }
+  void show_forwards(std::size_t n) { visible_ = n; }
+  bool forward_mode() const { return visible_ != 0; }
+  Forward& forward(std::size_t i) { return *forwards_[i]; }
+
+  /// Runs rule(i) for each visible forward pass i, with pass i and the ones inside it hidden, and with
+  /// nothing recorded at all where no outer pass or pending reverse level needs the rule's ops.
+  template <class Rule>
+  void for_each_forward(Rule&& rule);
 
   /// Adds `g` to the cotangent of the traced tensor `t` in the running pass (nothing if the pass does
   /// not want `t`).
@@ -165,6 +266,11 @@ class Tape {
   std::vector<std::any> states_;
   std::deque<Backward> entries_;  // a deque: a recording pass appends while a rule runs
   Walk* walk_ = nullptr;
+  bool forward_only_ = false;
+  std::vector<std::int64_t> pending_;  // the floors of the reverse levels that will walk the tape
+  std::int64_t cutoff_ = INT64_MAX;
+  std::vector<Forward*> forwards_;
+  std::size_t visible_ = 0;
 };
 
 /// The tape being recorded on this thread (null outside value_and_grad and during a first-order walk).
@@ -190,6 +296,88 @@ class DepthScope {
   int levels_;
 };
 
+/// A differentiation level: the tape a transformation records on and the first node it made, which is
+/// also the floor of the backward pass it walks. Transformations nest as levels, innermost last. A custom
+/// rule (autodiff/custom.hpp) belongs to the innermost level where it is called, as in JAX: that level's
+/// pass applies the rule; the passes of outer levels differentiate what the rule's function computes.
+struct Level {
+  std::uint64_t tape = 0;
+  std::int64_t floor = 0;
+  Forward* forward = nullptr;  ///< a forward-mode level's tangents (null: a reverse level)
+};
+
+/// The levels enclosing the code running on this thread, innermost last.
+inline thread_local std::vector<Level> levels;
+
+/// The innermost level when it records on `tape` (a custom rule called there belongs to it), else none.
+inline const Level* innermost_level(const Tape& tape) {
+  return !levels.empty() && levels.back().tape == tape.id() ? &levels.back() : nullptr;
+}
+
+/// Pushes a level for a scope (a transformation's), or, with `pop_from`, hides the levels from that floor
+/// inward (what a custom rule's own functions run under: they belong to the outer levels, as JAX runs them
+/// on the outer levels' tracers). Restores the stack after.
+class LevelScope {
+ public:
+  explicit LevelScope(Level level) : size_(levels.size()) { levels.push_back(level); }
+  static LevelScope hiding_from(const Tape& tape, std::int64_t floor) {
+    std::vector<Level> hidden;
+    while (!levels.empty() && levels.back().tape == tape.id() && levels.back().floor >= floor) {
+      hidden.push_back(levels.back());
+      levels.pop_back();
+    }
+    return LevelScope(std::move(hidden));
+  }
+  ~LevelScope() {
+    if (pushed_) {
+      levels.resize(size_);
+      return;
+    }
+    for (auto it = hidden_.rbegin(); it != hidden_.rend(); ++it) levels.push_back(*it);
+  }
+  LevelScope(LevelScope&& o) noexcept : size_(o.size_), pushed_(o.pushed_), hidden_(std::move(o.hidden_)) { o.pushed_ = false; o.hidden_.clear(); }
+  LevelScope(const LevelScope&) = delete;
+  LevelScope& operator=(const LevelScope&) = delete;
+  LevelScope& operator=(LevelScope&&) = delete;
+
+ private:
+  explicit LevelScope(std::vector<Level> hidden) : size_(0), pushed_(false), hidden_(std::move(hidden)) {}
+  std::size_t size_;
+  bool pushed_ = true;
+  std::vector<Level> hidden_;
+};
+
+/// A reverse level that will walk `tape` from `floor` on, pending for a scope (its rules must be kept on a
+/// forward-only tape until its walk).
+class PendingReverse {
+ public:
+  PendingReverse(Tape& tape, std::int64_t floor) : tape_(&tape), floor_(floor) { tape.add_pending(floor); }
+  ~PendingReverse() { end(); }
+  /// The walk begins: the rules it walks are all pushed.
+  void end() {
+    if (tape_) tape_->remove_pending(floor_);
+    tape_ = nullptr;
+  }
+  PendingReverse(const PendingReverse&) = delete;
+  PendingReverse& operator=(const PendingReverse&) = delete;
+
+ private:
+  Tape* tape_;
+  std::int64_t floor_;
+};
+
+/// A forward pass registered on its tape for a scope.
+class ForwardScope {
+ public:
+  ForwardScope(Tape& tape, Forward& f) : tape_(tape) { tape.add_forward(&f); }
+  ~ForwardScope() { tape_.remove_forward(); }
+  ForwardScope(const ForwardScope&) = delete;
+  ForwardScope& operator=(const ForwardScope&) = delete;
+
+ private:
+  Tape& tape_;
+};
+
 /// Sets the active tape for a scope and restores the previous one after.
 class ActiveTape {
  public:
@@ -201,6 +389,27 @@ class ActiveTape {
  private:
   Tape* previous_;
 };
+
+template <class Rule>
+void Tape::for_each_forward(Rule&& rule) {
+  const std::size_t visible = visible_;
+  const std::int64_t cutoff = cutoff_;
+  struct Restore {
+    Tape& tape;
+    std::size_t visible;
+    std::int64_t cutoff;
+    ~Restore() {
+      tape.visible_ = visible;
+      tape.cutoff_ = cutoff;
+    }
+  } restore{*this, visible, cutoff};
+  for (std::size_t i = 0; i < visible; ++i) {
+    visible_ = i;
+    cutoff_ = std::min(cutoff, forwards_[i]->floor());
+    ActiveTape active(i > 0 || keeps_entries() ? this : nullptr);  // the rule's ops as plain ops where nothing differentiates them
+    rule(*forwards_[i]);
+  }
+}
 
 /// Sets the active tape and the running pass for a backward walk, restoring both after.
 inline void Tape::backward(Walk& walk, std::int64_t first, std::int64_t last) {
@@ -226,40 +435,88 @@ bool recording(const Ts&... xs) {
   return t != nullptr && (t->holds(xs.trace()) || ...);
 }
 
+/// The tangents a forward rule reads: tangent(x) is x's in the pass the rule runs for (undefined: zero).
+struct Tangents {
+  const Forward& pass;
+  template <Element T, Device D>
+  Tensor<T, D> operator()(const Tensor<T, D>& x) const {
+    return pass.tangent<T, D>(x.trace().node);
+  }
+  bool any(std::initializer_list<Trace> xs) const {
+    for (const Trace& t : xs)
+      if (pass.has(t.node)) return true;
+    return false;
+  }
+};
+
+/// No forward rule: an op recorded without one throws NoForwardRule where a forward pass reaches it with a
+/// tangent (tg::jvp then transposes the VJP instead).
+struct NoRule {};
+
+/// Gives `out` (node `node`) its tangent in each forward pass running on the tape: forward(tangents), the
+/// op's JVP rule, which returns out's tangent (undefined for zero) from its inputs' tangents.
+template <Element T, Device D, class Fwd>
+void push_tangents(Tape& tape, std::int64_t node, const Tensor<T, D>& out, std::initializer_list<Trace> inputs, const Fwd& forward,
+                   const char* op) {
+  tape.for_each_forward([&](Forward& pass) {
+    const Tangents tangents{pass};
+    if constexpr (std::is_same_v<Fwd, NoRule>) {
+      if (tangents.any(inputs)) throw NoForwardRule{op};
+    } else {
+      const Tensor<T, D> t = forward(tangents);
+      if (!t.defined()) return;
+      TG_CHECK(t.physical_shape() == out.physical_shape(), op, "a forward rule gave a tangent of shape ", t.physical_shape().str(),
+               " for a value of shape ", out.physical_shape().str(), "; please report this as a tapegrad bug");
+      pass.set(node, t);
+    }
+  });
+}
+
 /// Makes `out` a new node of the active tape and returns it; `fn(tape, node)` runs in the backward walk
 /// whether or not a cotangent reached the node (an op fused with its consumer finds its gradient in its
-/// node's state instead). Most ops use record().
-template <class Out, class F>
-std::int64_t record_node(Out& out, std::initializer_list<Trace> inputs, F fn) {
+/// node's state instead). Most ops use record(). `forward` is the op's JVP rule (NoRule: none).
+template <class Out, class F, class Fwd = NoRule>
+std::int64_t record_node(Out& out, std::initializer_list<Trace> inputs, F fn, const Fwd& forward = {}, const char* op = "an op") {
   Tape& tape = *active_tape;
   for (const Trace& in : inputs) tape.use(in);
   const std::int64_t node = tape.new_node(out.shape());
   out.set_trace({tape.id(), node});
-  tape.push([node, fn = std::move(fn)](Tape& t) { fn(t, node); });
+  if (tape.keeps_entries()) tape.push([node, fn = std::move(fn)](Tape& t) { fn(t, node); });
+  if (tape.forward_mode()) push_tangents(tape, node, out, inputs, forward, op);
   return node;
 }
 
 /// Makes `out` a new node whose backward rule is fn(tape, dy), dy being out's cotangent; it runs only
-/// when a cotangent reached the node.
-template <Element T, Device D, class F>
-void record(Tensor<T, D>& out, std::initializer_list<Trace> inputs, F fn) {
+/// when a cotangent reached the node. `forward(tangents)` is its JVP rule: out's tangent from its inputs'
+/// (tangents(x), undefined for zero), computed with ops (they are recorded, and differentiated, by the
+/// transformations outside the forward pass).
+template <Element T, Device D, class F, class Fwd = NoRule>
+void record(Tensor<T, D>& out, std::initializer_list<Trace> inputs, F fn, const Fwd& forward = {}, const char* op = "an op") {
   record_node(out, inputs, [fn = std::move(fn)](Tape& t, std::int64_t node) {
     const Tensor<T, D> dy = t.cotangent<T, D>(node);
     if (dy.defined()) fn(t, dy);
-  });
+  }, forward, op);
 }
 
 /// record() for a rule that needs the output as a traced value (its derivative reads y, as exp's and
 /// softmax's do): fn(tape, dy, y).
-template <Element T, Device D, class F>
-void record_with_output(Tensor<T, D>& out, std::initializer_list<Trace> inputs, F fn) {
+template <Element T, Device D, class F, class Fwd = NoRule>
+void record_with_output(Tensor<T, D>& out, std::initializer_list<Trace> inputs, F fn, const Fwd& forward = {}, const char* op = "an op") {
   record_node(out, inputs, [fn = std::move(fn), y0 = out.untraced()](Tape& t, std::int64_t node) {
     const Tensor<T, D> dy = t.cotangent<T, D>(node);
     if (!dy.defined()) return;
     Tensor<T, D> y = y0;
     y.set_trace({t.id(), node});
     fn(t, dy, y);
-  });
+  }, forward, op);
+}
+
+/// The tangent of `to` is the tangent of `from` (an identity: a transformation's leaf linked to its outer
+/// node).
+template <Element T, Device D>
+void forward_identity(Tape& tape, const Trace& from, std::int64_t to) {
+  if (!tape.forward_mode()) return;
+  for (std::size_t i = 0; i < tape.visible_forwards(); ++i) tape.forward(i).set(to, tape.forward(i).tangent<T, D>(from.node));
 }
 
 /// The recording of the view and transfer ops that live on Tensor itself.
@@ -269,7 +526,10 @@ void record_reshape(const Tensor<T, D>& from, Tensor<T, D>& to) {
     if (!recording(from)) return;
     record(to, {from.trace()}, [in = from.trace(), shape = from.shape()](Tape& t, const Tensor<T, D>& dy) {
       t.accumulate(in, dy.reshape(shape));
-    });
+    }, [&](const Tangents& tangent) {
+      const Tensor<T, D> tx = tangent(from);
+      return tx.defined() ? tx.reshape(to.shape()) : tx;
+    }, "reshape");
   }
 }
 
@@ -279,7 +539,10 @@ void record_transfer(const Tensor<T, D>& from, Tensor<T, D2>& to) {
     if (!recording(from)) return;
     record(to, {from.trace()}, [in = from.trace()](Tape& t, const Tensor<T, D2>& dy) {
       t.accumulate(in, dy.template to<D>());
-    });
+    }, [&](const Tangents& tangent) {
+      const Tensor<T, D> tx = tangent(from);
+      return tx.defined() ? tx.template to<D2>() : Tensor<T, D2>{};
+    }, "to");
   }
 }
 

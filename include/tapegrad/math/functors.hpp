@@ -1,5 +1,17 @@
 // The math of every elementwise op, written once: TG_HD functors with the forward and, beside it, the
 // derivative. The CPU loops and the CUDA kernels both call these, so the CPU tests cover the GPU's math.
+//
+// A derivative is one generic expression, `derivative(x, y)` (f'(x), given y = f(x) for the functors whose
+// derivative reads it) or `derivative_a / derivative_b(a, b, y)`: compiled for a scalar it is what the
+// backward kernels multiply the cotangent by (fn::backward below); compiled for a tg::Tensor it is the
+// traced derivative a recorded backward pass differentiates again (ops/elementwise.hpp), so the two cannot
+// drift. Its constants are `k<V>(c)` and its functions unqualified (`exp(x)`, after `using math::exp`): the
+// scalar overloads here, the tensor ops found by argument-dependent lookup. A functor whose derivative is
+// piecewise constant says so (`piecewise_linear = true`): its derivative is then a scalar slope only, taken
+// as a constant of x by a traced pass (its second derivative is 0 wherever it exists), and where the slope
+// is 0 the cotangent is not read (a select, as JAX's rules: relu'(x) dy is 0 for x <= 0 even where dy is
+// not finite). Activations (math/activation.hpp) take their derivative from x alone (linear's backward
+// passes no y).
 #pragma once
 
 #include <cmath>
@@ -32,6 +44,18 @@ TG_HD inline double abs(double x) { return ::fabs(x); }
 TG_HD inline float pow(float x, float p) { return ::powf(x, p); }
 TG_HD inline double pow(double x, double p) { return ::pow(x, p); }
 template <class C> TG_HD bool isnan(C x) { return x != x; }
+/// 1 / (1 + e^-x), written through e^-|x| so that neither tail overflows.
+template <class C> TG_HD C sigmoid(C x) {
+  const C e = exp(-abs(x));
+  return x >= C(0) ? C(1) / (C(1) + e) : e / (C(1) + e);
+}
+
+/// The constant c in a generic derivative's type V: V(c) for a scalar, c itself for a tensor (whose ops
+/// take double scalars).
+template <class V> TG_HD constexpr auto k(double c) {
+  if constexpr (std::is_arithmetic_v<V>) return V(c);
+  else return c;
+}
 
 /// e^x for float in plain arithmetic, so that a loop of them vectorises (a call to expf does not):
 /// Cephes' expf (x = n ln 2 + r, |r| <= ln 2 / 2, a degree-6 polynomial in r, 2^n from the exponent bits),
@@ -60,36 +84,34 @@ TG_HD inline double exp_poly(double x) { return ::exp(x); }
 
 namespace fn {
 
-// ---- unary: y = f(x); backward(x, y, dy) = dy * f'(x) ----
+// ---- unary: y = f(x); derivative(x, y) = f'(x) ----
 
 struct Neg {
+  static constexpr bool piecewise_linear = true;
   template <class C> TG_HD C operator()(C x) const { return -x; }
-  template <class C> TG_HD C backward(C, C, C dy) const { return -dy; }
+  template <class C> TG_HD C derivative(C, C) const { return C(-1); }
 };
 struct Exp {
   template <class C> TG_HD C operator()(C x) const { return math::exp(x); }
-  template <class C> TG_HD C backward(C, C y, C dy) const { return dy * y; }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V&, const V& y) const { return y; }
 };
 struct Log {
   template <class C> TG_HD C operator()(C x) const { return math::log(x); }
-  template <class C> TG_HD C backward(C x, C, C dy) const { return dy / x; }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V&) const { return math::k<V>(1) / x; }
 };
 struct Tanh {
   template <class C> TG_HD C operator()(C x) const { return math::tanh(x); }
-  template <class C> TG_HD C backward(C, C y, C dy) const { return dy * (C(1) - y * y); }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V&, const V& y) const { return math::k<V>(1) - y * y; }
 };
 struct Sigmoid {
-  // Written through exp(-|x|) so neither tail overflows.
-  template <class C> TG_HD C operator()(C x) const {
-    const C e = math::exp(-math::abs(x));
-    return x >= C(0) ? C(1) / (C(1) + e) : e / (C(1) + e);
-  }
-  template <class C> TG_HD C backward(C, C y, C dy) const { return dy * y * (C(1) - y); }
+  template <class C> TG_HD C operator()(C x) const { return math::sigmoid(x); }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V&, const V& y) const { return y * (math::k<V>(1) - y); }
 };
 struct Relu {
+  static constexpr bool piecewise_linear = true;
   template <class C> TG_HD C operator()(C x) const { return x > C(0) ? x : C(0); }
   // The subgradient at 0 is 0, as jax.nn.relu.
-  template <class C> TG_HD C backward(C x, C, C dy) const { return x > C(0) ? dy : C(0); }
+  template <class C> TG_HD C derivative(C x, C) const { return x > C(0) ? C(1) : C(0); }
 };
 /// GELU, tanh approximation (jax.nn.gelu's default): x/2 (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
 /// Evaluated as x sigmoid(2u), since 1 + tanh(u) = 2 sigmoid(2u): one exp instead of a tanh, and no
@@ -97,96 +119,115 @@ struct Relu {
 struct Gelu {
   static constexpr double k0 = 0.7978845608028654;  // sqrt(2 / pi)
   static constexpr double k1 = 0.044715;
-  template <class C> TG_HD static C sigmoid_2u(C x) {
-    return C(1) / (C(1) + math::exp(C(-2 * k0) * (x + C(k1) * x * x * x)));
+  TG_HD_GENERIC template <class V> TG_HD static V sigmoid_2u(const V& x) {
+    using math::sigmoid;
+    return sigmoid(math::k<V>(2 * k0) * (x + math::k<V>(k1) * x * x * x));
   }
   template <class C> TG_HD C operator()(C x) const { return x * sigmoid_2u(x); }
   // d/dx [x s] with s = sigmoid(2u): s + 2 x s (1 - s) u'.
-  template <class C> TG_HD C backward(C x, C, C dy) const {
-    const C s = sigmoid_2u(x);
-    const C du = C(k0) * (C(1) + C(3 * k1) * x * x);
-    return dy * (s + C(2) * x * s * (C(1) - s) * du);
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V&) const {
+    const V s = sigmoid_2u(x);
+    const V du = math::k<V>(k0) * (math::k<V>(1) + math::k<V>(3 * k1) * x * x);
+    return s + math::k<V>(2) * x * s * (math::k<V>(1) - s) * du;
   }
 };
 /// GELU, exact: x Phi(x) = x/2 (1 + erf(x / sqrt 2)) (jax.nn.gelu(approximate=False)).
 struct GeluExact {
   template <class C> TG_HD C operator()(C x) const { return C(0.5) * x * (C(1) + math::erf(x * C(0.7071067811865476))); }
-  template <class C> TG_HD C backward(C x, C, C dy) const {
-    const C cdf = C(0.5) * (C(1) + math::erf(x * C(0.7071067811865476)));
-    const C pdf = C(0.3989422804014327) * math::exp(C(-0.5) * x * x);  // 1 / sqrt(2 pi)
-    return dy * (cdf + x * pdf);
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V&) const {
+    using math::erf;
+    using math::exp;
+    const V cdf = math::k<V>(0.5) * (math::k<V>(1) + erf(x * math::k<V>(0.7071067811865476)));
+    const V pdf = math::k<V>(0.3989422804014327) * exp(math::k<V>(-0.5) * (x * x));  // 1 / sqrt(2 pi)
+    return cdf + x * pdf;
   }
 };
 /// SiLU (swish, jax.nn.silu): x sigmoid(x).
 struct Silu {
-  template <class C> TG_HD C operator()(C x) const { return x * Sigmoid{}(x); }
-  // d/dx [x s] = s + x s (1 - s), recomputed from x (linear's backward passes no y).
-  template <class C> TG_HD C backward(C x, C, C dy) const {
-    const C s = Sigmoid{}(x);
-    return dy * s * (C(1) + x * (C(1) - s));
+  template <class C> TG_HD C operator()(C x) const { return x * math::sigmoid(x); }
+  // d/dx [x s] = s (1 + x (1 - s)), from x (linear's backward passes no y).
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V&) const {
+    using math::sigmoid;
+    const V s = sigmoid(x);
+    return s * (math::k<V>(1) + x * (math::k<V>(1) - s));
   }
 };
 /// x limited to [lo, hi], as jnp.clip (NaN stays NaN). Derivative 1 inside, 0 outside and 1/2 on a bound,
 /// as JAX's minimum(maximum(x, lo), hi) splits ties.
 struct Clip {
+  static constexpr bool piecewise_linear = true;
   double lo = 0.0, hi = 0.0;
   template <class C> TG_HD C operator()(C x) const { return x < C(lo) ? C(lo) : (x > C(hi) ? C(hi) : x); }
-  template <class C> TG_HD C backward(C x, C, C dy) const {
-    return x > C(lo) && x < C(hi) ? dy : (x == C(lo) || x == C(hi) ? dy / C(2) : C(0));
+  template <class C> TG_HD C derivative(C x, C) const {
+    return x > C(lo) && x < C(hi) ? C(1) : (x == C(lo) || x == C(hi) ? C(0.5) : C(0));
   }
 };
 struct Sin {
   template <class C> TG_HD C operator()(C x) const { return math::sin(x); }
-  template <class C> TG_HD C backward(C x, C, C dy) const { return dy * math::cos(x); }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V&) const {
+    using math::cos;
+    return cos(x);
+  }
 };
 struct Cos {
   template <class C> TG_HD C operator()(C x) const { return math::cos(x); }
-  template <class C> TG_HD C backward(C x, C, C dy) const { return -dy * math::sin(x); }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V&) const {
+    using math::sin;
+    return -sin(x);
+  }
 };
 /// The error function; d erf / dx = 2 / sqrt(pi) e^(-x^2).
 struct Erf {
   template <class C> TG_HD C operator()(C x) const { return math::erf(x); }
-  template <class C> TG_HD C backward(C x, C, C dy) const { return dy * C(1.1283791670955126) * math::exp(-x * x); }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V&) const {
+    using math::exp;
+    return math::k<V>(1.1283791670955126) * exp(-(x * x));
+  }
 };
 struct Square {
   template <class C> TG_HD C operator()(C x) const { return x * x; }
-  template <class C> TG_HD C backward(C x, C, C dy) const { return dy * C(2) * x; }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V&) const { return math::k<V>(2) * x; }
 };
 struct Sqrt {
   template <class C> TG_HD C operator()(C x) const { return math::sqrt(x); }
-  template <class C> TG_HD C backward(C, C y, C dy) const { return dy / (C(2) * y); }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V&, const V& y) const { return math::k<V>(0.5) / y; }
 };
 struct Rsqrt {
   template <class C> TG_HD C operator()(C x) const { return C(1) / math::sqrt(x); }
-  template <class C> TG_HD C backward(C x, C y, C dy) const { return dy * C(-0.5) * y / x; }
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V& y) const { return math::k<V>(-0.5) * y / x; }
 };
 struct Abs {
+  static constexpr bool piecewise_linear = true;
   template <class C> TG_HD C operator()(C x) const { return math::abs(x); }
   // sign(x), 0 at 0 (as JAX).
-  template <class C> TG_HD C backward(C x, C, C dy) const { return x > C(0) ? dy : (x < C(0) ? -dy : C(0)); }
+  template <class C> TG_HD C derivative(C x, C) const { return x > C(0) ? C(1) : (x < C(0) ? C(-1) : C(0)); }
 };
 /// x^p for a scalar exponent p.
 struct PowScalar {
   double p;
   template <class C> TG_HD C operator()(C x) const { return math::pow(x, C(p)); }
-  template <class C> TG_HD C backward(C x, C, C dy) const {
-    return p == 0.0 ? C(0) : dy * C(p) * math::pow(x, C(p - 1.0));
+  // p x^(p-1); 0 for p = 0 (x^0 is the constant 1).
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V&) const {
+    using math::pow;
+    return p == 0.0 ? x * math::k<V>(0) : math::k<V>(p) * pow(x, math::k<V>(p - 1.0));
   }
 };
 
-// ---- binary: y = f(a, b); backward_a / backward_b give dy * df/da, dy * df/db ----
+// ---- binary: y = f(a, b); derivative_a / derivative_b(a, b, y) = df/da, df/db ----
 
 struct Add {
+  static constexpr bool piecewise_linear = true;
   template <class C> TG_HD C operator()(C a, C b) const { return a + b; }
-  template <class C> TG_HD C backward_a(C, C, C, C dy) const { return dy; }
-  template <class C> TG_HD C backward_b(C, C, C, C dy) const { return dy; }
+  template <class C> TG_HD C derivative_a(C, C, C) const { return C(1); }
+  template <class C> TG_HD C derivative_b(C, C, C) const { return C(1); }
 };
 /// a + alpha b (an axpy, in the compute type and rounded once): decayed weights and momentum in optim.
 struct AddScaled {
+  static constexpr bool piecewise_linear = true;
   double alpha = 1.0;
   template <class C> TG_HD C operator()(C a, C b) const { return a + C(alpha) * b; }
-  template <class C> TG_HD C backward_a(C, C, C, C dy) const { return dy; }
-  template <class C> TG_HD C backward_b(C, C, C, C dy) const { return C(alpha) * dy; }
+  template <class C> TG_HD C derivative_a(C, C, C) const { return C(1); }
+  template <class C> TG_HD C derivative_b(C, C, C) const { return C(alpha); }
 };
 /// optax.clip_by_global_norm's rescale of one element: g where norm < max_norm (compared in the norm's
 /// type, as optax compares), else (g / norm) * max_norm in g's compute type. Not differentiable (an
@@ -198,31 +239,77 @@ struct ClipToNorm {
   }
 };
 struct Sub {
+  static constexpr bool piecewise_linear = true;
   template <class C> TG_HD C operator()(C a, C b) const { return a - b; }
-  template <class C> TG_HD C backward_a(C, C, C, C dy) const { return dy; }
-  template <class C> TG_HD C backward_b(C, C, C, C dy) const { return -dy; }
+  template <class C> TG_HD C derivative_a(C, C, C) const { return C(1); }
+  template <class C> TG_HD C derivative_b(C, C, C) const { return C(-1); }
 };
 struct Mul {
   template <class C> TG_HD C operator()(C a, C b) const { return a * b; }
-  template <class C> TG_HD C backward_a(C, C b, C, C dy) const { return dy * b; }
-  template <class C> TG_HD C backward_b(C a, C, C, C dy) const { return dy * a; }
+  TG_HD_GENERIC template <class A, class B, class V> TG_HD B derivative_a(const A&, const B& b, const V&) const { return b; }
+  TG_HD_GENERIC template <class A, class B, class V> TG_HD A derivative_b(const A& a, const B&, const V&) const { return a; }
 };
 struct Div {
   template <class C> TG_HD C operator()(C a, C b) const { return a / b; }
-  template <class C> TG_HD C backward_a(C, C b, C, C dy) const { return dy / b; }
-  template <class C> TG_HD C backward_b(C, C b, C y, C dy) const { return -dy * y / b; }
+  TG_HD_GENERIC template <class A, class B, class V> TG_HD B derivative_a(const A&, const B& b, const V&) const {
+    return math::k<B>(1) / b;
+  }
+  TG_HD_GENERIC template <class A, class B, class V> TG_HD V derivative_b(const A&, const B& b, const V& y) const { return -y / b; }
 };
 /// max(a, b); NaN propagates. At a tie the gradient is split evenly, as JAX does.
 struct Maximum {
+  static constexpr bool piecewise_linear = true;
   template <class C> TG_HD C operator()(C a, C b) const { return (a > b || math::isnan(a)) ? a : b; }
-  template <class C> TG_HD C backward_a(C a, C b, C, C dy) const { return a > b ? dy : (a == b ? dy / C(2) : C(0)); }
-  template <class C> TG_HD C backward_b(C a, C b, C, C dy) const { return b > a ? dy : (a == b ? dy / C(2) : C(0)); }
+  template <class C> TG_HD C derivative_a(C a, C b, C) const { return a > b ? C(1) : (a == b ? C(0.5) : C(0)); }
+  template <class C> TG_HD C derivative_b(C a, C b, C) const { return b > a ? C(1) : (a == b ? C(0.5) : C(0)); }
 };
 struct Minimum {
+  static constexpr bool piecewise_linear = true;
   template <class C> TG_HD C operator()(C a, C b) const { return (a < b || math::isnan(a)) ? a : b; }
-  template <class C> TG_HD C backward_a(C a, C b, C, C dy) const { return a < b ? dy : (a == b ? dy / C(2) : C(0)); }
-  template <class C> TG_HD C backward_b(C a, C b, C, C dy) const { return b < a ? dy : (a == b ? dy / C(2) : C(0)); }
+  template <class C> TG_HD C derivative_a(C a, C b, C) const { return a < b ? C(1) : (a == b ? C(0.5) : C(0)); }
+  template <class C> TG_HD C derivative_b(C a, C b, C) const { return b < a ? C(1) : (a == b ? C(0.5) : C(0)); }
 };
+
+/// Whether a functor says its derivative is piecewise constant (see the top of this file).
+template <class Op>
+inline constexpr bool piecewise_linear = requires { requires Op::piecewise_linear; };
+
+/// Whether the functor has a derivative (one of the library's, or a user's functor that gives one); a
+/// user's functor may instead give backward(x, y, dy) (first order only).
+template <class Op, class C>
+concept HasDerivative = requires(const Op op, C x) { op.derivative(x, x); };
+template <class Op, class C>
+concept HasBinaryDerivative = requires(const Op op, C x) { op.derivative_a(x, x, x); };
+
+/// Whether the derivative is a select (relu's, clip's, abs's, maximum's): where its slope is 0 the
+/// cotangent is not read. A piecewise-linear functor's is, unless it says otherwise (a multiplication by
+/// a constant, whose 0 times a NaN stays NaN).
+template <class Op>
+constexpr bool selects() {
+  if constexpr (requires { Op::selects; }) return Op::selects;
+  else return piecewise_linear<Op>;
+}
+
+/// dy times the slope, as a select where the derivative is one.
+template <class Op, class C>
+TG_HD C times_slope(C dy, C slope) {
+  if constexpr (selects<Op>()) return slope == C(0) ? C(0) : dy * slope;
+  else return dy * slope;
+}
+
+/// The backward pass of y = op(x) at one element: dy * f'(x) (a user's functor's own backward when it
+/// gives no derivative).
+template <class Op, class C>
+TG_HD C backward(const Op& op, C x, C y, C dy) {
+  if constexpr (HasDerivative<Op, C>) return times_slope<Op>(dy, op.derivative(x, y));
+  else return op.backward(x, y, dy);
+}
+/// The backward pass of y = op(a, b) at one element, for a (SideA) or b.
+template <bool SideA, class Op, class C>
+TG_HD C backward2(const Op& op, C a, C b, C y, C dy) {
+  if constexpr (HasBinaryDerivative<Op, C>) return times_slope<Op>(dy, SideA ? C(op.derivative_a(a, b, y)) : C(op.derivative_b(a, b, y)));
+  else return SideA ? op.backward_a(a, b, y, dy) : op.backward_b(a, b, y, dy);
+}
 
 // ---- comparisons: uint8 results (1 true, 0 false); piecewise constant, so their derivative is 0 ----
 
@@ -233,12 +320,6 @@ struct GreaterEqual { template <class C> TG_HD std::uint8_t operator()(C a, C b)
 struct Equal { template <class C> TG_HD std::uint8_t operator()(C a, C b) const { return a == b; } };
 struct NotEqual { template <class C> TG_HD std::uint8_t operator()(C a, C b) const { return a != b; } };
 
-/// where(cond, a, b): a where cond is non-zero, else b. The cotangent goes to the chosen side.
-struct Select {
-  template <class C> TG_HD C operator()(std::uint8_t cond, C a, C b) const { return cond ? a : b; }
-  template <class C> TG_HD C backward_a(std::uint8_t cond, C dy) const { return cond ? dy : C(0); }
-  template <class C> TG_HD C backward_b(std::uint8_t cond, C dy) const { return cond ? C(0) : dy; }
-};
 
 }  // namespace fn
 TG_END_NAMESPACE

@@ -465,7 +465,10 @@ Tensor<T, D> mask_logits_transpose(const Tensor<T, D>& dout, const Tensor<std::u
   if (recording(dout))
     record(dlogits, {dout.trace()}, [in = dout.trace(), kept_mask, d](Tape& t, const Tensor<T, D>& g) {
       t.accumulate(in, mask_logits_transpose(g, kept_mask, d));
-    });
+    }, [&](const Tangents& tangent) {  // linear, diagonal: its own JVP
+      const Tensor<T, D> t = tangent(dout);
+      return t.defined() ? mask_logits_transpose(t, kept_mask, d) : t;
+    }, "dot_product_attention");
   return dlogits;
 }
 
@@ -478,7 +481,10 @@ Tensor<T, D> mask_logits(const Tensor<T, D>& logits, const Tensor<std::uint8_t, 
     const Tensor<std::uint8_t, D> kept_mask = mask ? *mask : Tensor<std::uint8_t, D>{};
     record(out, {logits.trace()}, [in = logits.trace(), kept_mask, d](Tape& t, const Tensor<T, D>& dout) {
       t.accumulate(in, mask_logits_transpose(dout, kept_mask, d));
-    });
+    }, [&](const Tangents& tangent) {  // the scaled tangent where allowed, 0 where masked (a masked logit is a constant)
+      const Tensor<T, D> t = tangent(logits);
+      return t.defined() ? mask_logits_transpose(t, kept_mask, d) : t;
+    }, "dot_product_attention");
   }
   return out;
 }

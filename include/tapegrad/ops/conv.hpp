@@ -216,6 +216,15 @@ Tensor<T, D> conv_backward_data(const Tensor<T, D>& dy, const Tensor<T, D>& w, c
 template <FloatElement T, Device D>
 Tensor<T, D> conv_backward_weights(const Tensor<T, D>& x, const Tensor<T, D>& dy, const backend::ConvProblem& p);
 
+/// The JVP of a product-like op f(a, b), linear in each: f(ta, b) + f(a, tb) (terms without a tangent
+/// left out; undefined when neither has one).
+template <FloatElement T, Device D, class F>
+Tensor<T, D> bilinear_jvp(const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& ta, const Tensor<T, D>& tb, F f) {
+  Tensor<T, D> r = ta.defined() ? f(ta, b) : Tensor<T, D>{};
+  if (tb.defined()) r = r.defined() ? add(r, f(a, tb)) : f(a, tb);
+  return r;
+}
+
 /// y = conv(x, w), differentiable: dx = backward_data(dy, w), dw = backward_weights(x, dy).
 template <FloatElement T, Device D>
 Tensor<T, D> conv_forward(const Tensor<T, D>& x, const Tensor<T, D>& w, const backend::ConvProblem& p) {
@@ -224,7 +233,9 @@ Tensor<T, D> conv_forward(const Tensor<T, D>& x, const Tensor<T, D>& w, const ba
     record(y, {x.trace(), w.trace()}, [tx = x.trace(), tw = w.trace(), x, w, p](Tape& t, const Tensor<T, D>& dy) {
       if (t.owns(tx)) t.accumulate(tx, conv_backward_data(dy, w, p));
       if (t.owns(tw)) t.accumulate(tw, conv_backward_weights(x, dy, p));
-    });
+    }, [&](const Tangents& tangent) {
+      return bilinear_jvp(x, w, tangent(x), tangent(w), [&](const Tensor<T, D>& a, const Tensor<T, D>& b) { return conv_forward(a, b, p); });
+    }, "conv");
   return y;
 }
 
@@ -237,7 +248,9 @@ Tensor<T, D> conv_backward_data(const Tensor<T, D>& dy, const Tensor<T, D>& w, c
     record(dx, {dy.trace(), w.trace()}, [tdy = dy.trace(), tw = w.trace(), dy, w, p](Tape& t, const Tensor<T, D>& g) {
       if (t.owns(tdy)) t.accumulate(tdy, conv_forward(g, w, p));
       if (t.owns(tw)) t.accumulate(tw, conv_backward_weights(g, dy, p));
-    });
+    }, [&](const Tangents& tangent) {
+      return bilinear_jvp(dy, w, tangent(dy), tangent(w), [&](const Tensor<T, D>& a, const Tensor<T, D>& b) { return conv_backward_data(a, b, p); });
+    }, "conv");
   return dx;
 }
 
@@ -250,7 +263,9 @@ Tensor<T, D> conv_backward_weights(const Tensor<T, D>& x, const Tensor<T, D>& dy
     record(dw, {x.trace(), dy.trace()}, [tx = x.trace(), tdy = dy.trace(), x, dy, p](Tape& t, const Tensor<T, D>& g) {
       if (t.owns(tx)) t.accumulate(tx, conv_backward_data(dy, g, p));
       if (t.owns(tdy)) t.accumulate(tdy, conv_forward(x, g, p));
-    });
+    }, [&](const Tangents& tangent) {
+      return bilinear_jvp(x, dy, tangent(x), tangent(dy), [&](const Tensor<T, D>& a, const Tensor<T, D>& b) { return conv_backward_weights(a, b, p); });
+    }, "conv");
   return dw;
 }
 
@@ -613,7 +628,10 @@ Tensor<T, D> max_pool_scatter(const Tensor<T, D>& dy, const Tensor<std::int32_t,
   if (recording(dy))
     record(dx, {dy.trace()}, [tdy = dy.trace(), at, p](Tape& t, const Tensor<T, D>& g) {
       if (t.owns(tdy)) t.accumulate(tdy, max_pool_gather(g, at, p));
-    });
+    }, [&](const Tangents& tangent) {
+      const Tensor<T, D> t_ = tangent(dy);
+      return t_.defined() ? max_pool_scatter(t_, at, p) : t_;
+    }, "max_pool");
   return dx;
 }
 
@@ -625,7 +643,10 @@ Tensor<T, D> max_pool_gather(const Tensor<T, D>& g, const Tensor<std::int32_t, D
   if (recording(g))
     record(out, {g.trace()}, [tg_ = g.trace(), at, p](Tape& t, const Tensor<T, D>& d) {
       if (t.owns(tg_)) t.accumulate(tg_, max_pool_scatter(d, at, p));
-    });
+    }, [&](const Tangents& tangent) {
+      const Tensor<T, D> t_ = tangent(g);
+      return t_.defined() ? max_pool_gather(t_, at, p) : t_;
+    }, "max_pool");
   return out;
 }
 
@@ -640,7 +661,10 @@ Tensor<T, D> avg_pool_forward(const Tensor<T, D>& x, const backend::ConvProblem&
   if (recording(x))
     record(y, {x.trace()}, [tx = x.trace(), p, include_pad](Tape& t, const Tensor<T, D>& dy) {
       if (t.owns(tx)) t.accumulate(tx, avg_pool_transpose(dy, p, include_pad));
-    });
+    }, [&](const Tangents& tangent) {
+      const Tensor<T, D> t_ = tangent(x);
+      return t_.defined() ? avg_pool_forward(t_, p, include_pad) : t_;
+    }, "avg_pool");
   return y;
 }
 
@@ -651,7 +675,10 @@ Tensor<T, D> avg_pool_transpose(const Tensor<T, D>& dy, const backend::ConvProbl
   if (recording(dy))
     record(dx, {dy.trace()}, [tdy = dy.trace(), p, include_pad](Tape& t, const Tensor<T, D>& g) {
       if (t.owns(tdy)) t.accumulate(tdy, avg_pool_forward(g, p, include_pad));
-    });
+    }, [&](const Tangents& tangent) {
+      const Tensor<T, D> t_ = tangent(dy);
+      return t_.defined() ? avg_pool_transpose(t_, p, include_pad) : t_;
+    }, "avg_pool");
   return dx;
 }
 
@@ -677,7 +704,10 @@ Tensor<T, D> max_pool(const Tensor<T, D>& x, Window2 window, Window2 strides = {
   if (detail::recording(x))
     detail::record(y, {x.trace()}, [tx = x.trace(), at, p](detail::Tape& t, const Tensor<T, D>& dy) {
       if (t.owns(tx)) t.accumulate(tx, detail::max_pool_scatter(dy, at, p));
-    });
+    }, [&](const detail::Tangents& tangent) {  // the tangent at each window's maximum
+      const Tensor<T, D> tx = tangent(x);
+      return tx.defined() ? detail::max_pool_gather(tx, at, p) : tx;
+    }, "max_pool");
   return y;
 }
 

@@ -30,22 +30,26 @@ struct UnaryFn {
   }
 };
 
-/// op(x, s) or op(s, x) with a scalar s, computed in x's compute type.
+/// op(x, s) or op(s, x) with a scalar s, computed in x's compute type. s * x and x / s are linear in x
+/// (piecewise linear, their slope a constant multiplier); s / x is not.
 template <class Op, bool ScalarOnLeft>
 struct WithScalar {
+  static constexpr bool piecewise_linear =
+      fn::piecewise_linear<Op> || std::is_same_v<Op, fn::Mul> || (std::is_same_v<Op, fn::Div> && !ScalarOnLeft);
+  static constexpr bool selects = fn::piecewise_linear<Op>;
   Op op;
   double s;
   template <class C> TG_HD auto operator()(C x) const {
     if constexpr (ScalarOnLeft) return op(C(s), x);
     else return op(x, C(s));
   }
-  template <class C> TG_HD C backward(C x, C y, C dy) const {
-    if constexpr (ScalarOnLeft) return op.backward_b(C(s), x, y, dy);
-    else return op.backward_a(x, C(s), y, dy);
+  TG_HD_GENERIC template <class V> TG_HD V derivative(const V& x, const V& y) const {
+    if constexpr (ScalarOnLeft) return op.derivative_b(math::k<V>(s), x, y);
+    else return op.derivative_a(x, math::k<V>(s), y);
   }
 };
 
-/// dx = op.backward(x, y, dy) elementwise.
+/// dx = dy * op'(x) elementwise (fn::backward).
 template <class Op, class T>
 struct UnaryBackwardFn {
   const T* x;
@@ -55,7 +59,7 @@ struct UnaryBackwardFn {
   Op op;
   TG_HD void operator()(std::int64_t i) const {
     using C = compute_t<T>;
-    dx[i] = convert_to<T>(op.backward(convert_from<C>(x[i]), convert_from<C>(y[i]), convert_from<C>(dy[i])));
+    dx[i] = convert_to<T>(fn::backward(op, convert_from<C>(x[i]), convert_from<C>(y[i]), convert_from<C>(dy[i])));
   }
 };
 
@@ -73,7 +77,7 @@ struct BinaryBackwardFn {
     using C = compute_t<T>;
     const C av = convert_from<C>(a[index.offset(0, i)]), bv = convert_from<C>(b[index.offset(1, i)]);
     const C yv = convert_from<C>(y[i]), g = convert_from<C>(dy[i]);
-    out[i] = convert_to<T>(SideA ? op.backward_a(av, bv, yv, g) : op.backward_b(av, bv, yv, g));
+    out[i] = convert_to<T>(fn::backward2<SideA>(op, av, bv, yv, g));
   }
 };
 
@@ -95,10 +99,11 @@ struct BroadcastScalarFn {
   TG_HD void operator()(std::int64_t i) const { y[i] = x[0]; }
 };
 
+/// A functor with a derivative, or (a user's, first order only) a backward(x, y, dy).
 template <class Op, class C>
-concept UnaryDifferentiable = requires(const Op op, C x) { op.backward(x, x, x); };
+concept UnaryDifferentiable = fn::HasDerivative<Op, C> || requires(const Op op, C x) { op.backward(x, x, x); };
 template <class Op, class C>
-concept BinaryDifferentiable = requires(const Op op, C x) { op.backward_a(x, x, x, x); };
+concept BinaryDifferentiable = fn::HasBinaryDerivative<Op, C> || requires(const Op op, C x) { op.backward_a(x, x, x, x); };
 
 template <class Op, class TIn, class TOut>
 struct BinaryFn {
@@ -146,10 +151,14 @@ Tensor<T, D> broadcast_to(const Tensor<T, D>& x, const Shape& shape);
 namespace detail {
 
 template <class Op, class T, class D>
-Tensor<T, D> unary_derivative(const Op& op, const Tensor<T, D>& x, const Tensor<T, D>& y, const Tensor<T, D>& dy, const char* name);
+Tensor<T, D> traced_derivative(const Op& op, const Tensor<T, D>& x, const Tensor<T, D>& y, const char* name);
+template <bool SideA, class Op, class T, class D>
+Tensor<T, D> traced_derivative2(const Op& op, const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& y, const char* name);
 template <class Op, class T, class D>
-std::pair<Tensor<T, D>, Tensor<T, D>> binary_derivative(const Op& op, const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& y,
-                                                        const Tensor<T, D>& dy, bool want_a, bool want_b, const char* name);
+Tensor<T, D> unary_jvp(const Op& op, const Tensor<T, D>& x, const Tensor<T, D>& y, const Tensor<T, D>& tx, const char* name);
+template <class Op, class T, class D>
+Tensor<T, D> binary_jvp(const Op& op, const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& y, const Tensor<T, D>& ta,
+                        const Tensor<T, D>& tb, const BroadcastIndex<2>& index, const char* name);
 
 /// sum_to (a broadcast's cotangent summed back to an input's shape) as an op: recorded when `g` is
 /// traced, its own cotangent broadcast again, so a recording backward pass can be differentiated.
@@ -158,7 +167,12 @@ Tensor<T, D> reduce_to(const Tensor<T, D>& g, const Shape& shape) {
   if (g.shape() == shape) return g;
   Tensor<T, D> r = sum_to(g, shape);
   if constexpr (FloatElement<T>) {
-    if (recording(g)) record(r, {g.trace()}, [in = g.trace(), s = g.shape()](Tape& t, const Tensor<T, D>& dy) { t.accumulate(in, broadcast_to(dy, s)); });
+    if (recording(g))
+      record(r, {g.trace()}, [in = g.trace(), s = g.shape()](Tape& t, const Tensor<T, D>& dy) { t.accumulate(in, broadcast_to(dy, s)); },
+             [&](const Tangents& tangent) {
+               const Tensor<T, D> tg = tangent(g);
+               return tg.defined() ? reduce_to(tg, shape) : tg;
+             }, "sum_to");
   }
   return r;
 }
@@ -193,11 +207,11 @@ auto map_unbatched(const Tensor<T, D>& x, Op op, const char* name) -> Tensor<std
     if constexpr (FloatElement<T> && detail::UnaryDifferentiable<Op, compute_t<T>>) {
       if (detail::recording(x)) {
         detail::record_with_output(y, {x.trace()}, [in = x.trace(), x, op, name](detail::Tape& t, const Tensor<T, D>& dy, const Tensor<T, D>& y) {
-          if (t.records()) return t.accumulate(in, detail::unary_derivative(op, x, y, dy, name));  // higher order: traced
+          if (t.records()) return t.accumulate(in, dy * detail::traced_derivative(op, x, y, name));  // higher order: traced
           Tensor<T, D> dx(x.shape());
           detail::unary_backward<Op, T, D>(x.size(), x.data(), y.data(), dy.data(), dx.data(), op);
           t.accumulate(in, dx);
-        });
+        }, [&](const detail::Tangents& tangent) { return detail::unary_jvp(op, x, y, tangent(x), name); }, name);
       }
     }
     return y;
@@ -220,10 +234,9 @@ auto map2_unbatched(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op, const c
     if (detail::recording(a, b)) {
       detail::record_with_output(y, {a.trace(), b.trace()}, [ta = a.trace(), tb = b.trace(), a, b, op, index, name](
                                                                  detail::Tape& t, const Tensor<T, D>& dy, const Tensor<T, D>& y) {
-        if (t.records()) {  // higher order: traced
-          auto [da, db] = detail::binary_derivative(op, a, b, y, dy, t.owns(ta), t.owns(tb), name);
-          if (da.defined()) t.accumulate(ta, detail::reduce_to(da, a.shape()));
-          if (db.defined()) t.accumulate(tb, detail::reduce_to(db, b.shape()));
+        if (t.records()) {  // higher order: traced (dy has the result's shape, so each product has it too)
+          if (t.owns(ta)) t.accumulate(ta, detail::reduce_to(dy * detail::traced_derivative2<true>(op, a, b, y, name), a.shape()));
+          if (t.owns(tb)) t.accumulate(tb, detail::reduce_to(dy * detail::traced_derivative2<false>(op, a, b, y, name), b.shape()));
           return;
         }
         auto side = [&](auto side_a) {
@@ -234,7 +247,7 @@ auto map2_unbatched(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op, const c
         };
         if (t.owns(ta)) t.accumulate(ta, detail::sum_to(side(std::true_type{}), a.shape()));
         if (t.owns(tb)) t.accumulate(tb, detail::sum_to(side(std::false_type{}), b.shape()));
-      });
+      }, [&](const detail::Tangents& tangent) { return detail::binary_jvp(op, a, b, y, tangent(a), tangent(b), index, name); }, name);
     }
   }
   return y;
@@ -318,110 +331,89 @@ TG_BINARY_OP(minimum, Minimum, Element)
 
 namespace detail {
 
-/// f'(x) of a functor as a value (op.backward with dy = 1): for piecewise-linear functors, whose
-/// derivative is a constant of x wherever it exists, so a traced backward pass multiplies by it.
+/// f'(x) of a piecewise-linear functor as a value: its slope, a constant of x wherever it exists, which a
+/// traced backward pass multiplies by.
 template <class Op>
 struct SlopeFn {
   Op op;
-  template <class C> TG_HD C operator()(C x) const { return op.backward(x, op(x), C(1)); }
+  template <class C> TG_HD C operator()(C x) const { return op.derivative(x, op(x)); }
 };
 template <class Op, bool SideA>
 struct BinarySlopeFn {
   Op op;
   template <class C> TG_HD C operator()(C a, C b) const {
-    return SideA ? op.backward_a(a, b, op(a, b), C(1)) : op.backward_b(a, b, op(a, b), C(1));
+    return SideA ? C(op.derivative_a(a, b, op(a, b))) : C(op.derivative_b(a, b, op(a, b)));
   }
 };
 
-/// Functors whose derivative is piecewise constant (second derivative 0 wherever it exists).
-template <class Op> inline constexpr bool piecewise_linear = false;
-template <> inline constexpr bool piecewise_linear<fn::Neg> = true;
-template <> inline constexpr bool piecewise_linear<fn::Relu> = true;
-template <> inline constexpr bool piecewise_linear<fn::Clip> = true;
-template <> inline constexpr bool piecewise_linear<fn::Abs> = true;
-template <> inline constexpr bool piecewise_linear<fn::Add> = true;
-template <> inline constexpr bool piecewise_linear<fn::AddScaled> = true;
-template <> inline constexpr bool piecewise_linear<fn::Sub> = true;
-template <> inline constexpr bool piecewise_linear<fn::Maximum> = true;
-template <> inline constexpr bool piecewise_linear<fn::Minimum> = true;
-// With a scalar operand: s * x and x / s are linear in x too; s / x is not.
-template <class Op, bool L> inline constexpr bool piecewise_linear<WithScalar<Op, L>> =
-    piecewise_linear<Op> || std::is_same_v<Op, fn::Mul> || (std::is_same_v<Op, fn::Div> && !L);
-
-/// The traced derivatives of the functors that are not piecewise linear: dx = dy * f'(x) in ops, so a
-/// recorded backward pass can be differentiated again (they use y = f(x), traced, where f' reads it).
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Exp, const Tensor<T, D>&, const Tensor<T, D>& y, const Tensor<T, D>& dy) { return dy * y; }
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Log, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) { return dy / x; }
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Tanh, const Tensor<T, D>&, const Tensor<T, D>& y, const Tensor<T, D>& dy) { return dy * (1.0 - y * y); }
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Sigmoid, const Tensor<T, D>&, const Tensor<T, D>& y, const Tensor<T, D>& dy) { return dy * y * (1.0 - y); }
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Sin, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) { return dy * cos(x); }
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Cos, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) { return -(dy * sin(x)); }
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Erf, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) {
-  return dy * (1.1283791670955126 * exp(-(x * x)));
-}
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Square, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) { return dy * (2.0 * x); }
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Sqrt, const Tensor<T, D>&, const Tensor<T, D>& y, const Tensor<T, D>& dy) { return dy / (2.0 * y); }
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Rsqrt, const Tensor<T, D>& x, const Tensor<T, D>& y, const Tensor<T, D>& dy) { return dy * (-0.5 * y / x); }
-template <class T, class D> Tensor<T, D> unary_derivative(fn::PowScalar op, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) {
-  return op.p == 0.0 ? dy * 0.0 : dy * (op.p * pow(x, op.p - 1.0));
-}
-// GELU (tanh form) as the functor computes it: x s with s = sigmoid(2u), u = k0 (x + k1 x^3).
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Gelu, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) {
-  const auto x2 = x * x;
-  const auto s = sigmoid((2 * fn::Gelu::k0) * (x + fn::Gelu::k1 * x2 * x));
-  const auto du = fn::Gelu::k0 * (1.0 + (3 * fn::Gelu::k1) * x2);
-  return dy * (s + 2.0 * x * s * (1.0 - s) * du);
-}
-template <class T, class D> Tensor<T, D> unary_derivative(fn::GeluExact, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) {
-  const auto cdf = 0.5 * (1.0 + erf(x * 0.7071067811865476));
-  const auto pdf = 0.3989422804014327 * exp(-0.5 * (x * x));
-  return dy * (cdf + x * pdf);
-}
-template <class T, class D> Tensor<T, D> unary_derivative(fn::Silu, const Tensor<T, D>& x, const Tensor<T, D>&, const Tensor<T, D>& dy) {
-  const auto s = sigmoid(x);
-  return dy * s * (1.0 + x * (1.0 - s));
-}
-template <class Op, bool L, class T, class D>
-  requires(!piecewise_linear<WithScalar<Op, L>>)
-Tensor<T, D> unary_derivative(WithScalar<Op, L>, const Tensor<T, D>& x, const Tensor<T, D>& y, const Tensor<T, D>& dy) {
-  static_assert(std::is_same_v<Op, fn::Div> && L, "a scalar form without a traced derivative");
-  return -(dy * y / x);  // d (s / x) / dx = -s / x^2 = -y / x
-}
-
-/// The traced dx of y = op(x) (a recording backward pass): dy times the constant slope of a piecewise-
-/// linear functor, the table above for the others; a functor in neither (a user's own) cannot be
-/// differentiated twice, which is an error naming the op.
+/// f'(x) of y = op(x) as a traced tensor (a recording backward pass multiplies dy by it): the slope of a
+/// piecewise-linear functor as a constant, else the functor's generic derivative compiled for tensors (the
+/// same expression its kernel runs). A functor with neither (a user's with backward only) cannot be
+/// differentiated twice: an error naming the op.
 template <class Op, class T, class D>
-Tensor<T, D> unary_derivative(const Op& op, const Tensor<T, D>& x, const Tensor<T, D>& y, const Tensor<T, D>& dy, const char* name) {
-  if constexpr (piecewise_linear<Op>) {
-    return dy * map_unbatched<SlopeFn<Op>, void>(x.untraced(), SlopeFn<Op>{op}, name);
-  } else if constexpr (requires { unary_derivative(op, x, y, dy); }) {
-    return unary_derivative(op, x, y, dy);
+Tensor<T, D> traced_derivative(const Op& op, const Tensor<T, D>& x, const Tensor<T, D>& y, const char* name) {
+  if constexpr (fn::piecewise_linear<Op>) {
+    return map_unbatched<SlopeFn<Op>, void>(x.untraced(), SlopeFn<Op>{op}, name);
+  } else if constexpr (fn::HasDerivative<Op, Tensor<T, D>>) {
+    return op.derivative(x, y);
   } else {
     fail(name, "has no higher-order derivative: its functor ", typeid(Op).name(),
-         " has no traced derivative; give it an overload of tg::detail::unary_derivative, or use tg::custom_vjp");
+         " gives backward(x, y, dy) only; give it a generic derivative(x, y) (docs/ops.md, \"Adding an op\"), or wrap the op in tg::custom_jvp with a rule made of ops");
   }
 }
 
-/// The traced cotangents of y = op(a, b) at the result's shape (summed back by the caller), each only
-/// where wanted.
-template <class Op, class T, class D>
-std::pair<Tensor<T, D>, Tensor<T, D>> binary_derivative(const Op& op, const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& y,
-                                                        const Tensor<T, D>& dy, bool want_a, bool want_b, const char* name) {
-  Tensor<T, D> da, db;
-  if constexpr (piecewise_linear<Op>) {
-    if (want_a) da = dy * map2_unbatched<BinarySlopeFn<Op, true>, void>(a.untraced(), b.untraced(), BinarySlopeFn<Op, true>{op}, name);
-    if (want_b) db = dy * map2_unbatched<BinarySlopeFn<Op, false>, void>(a.untraced(), b.untraced(), BinarySlopeFn<Op, false>{op}, name);
-  } else if constexpr (std::is_same_v<Op, fn::Mul>) {
-    if (want_a) da = dy * b;
-    if (want_b) db = dy * a;
-  } else if constexpr (std::is_same_v<Op, fn::Div>) {
-    if (want_a) da = dy / b;
-    if (want_b) db = -(dy * y / b);
+/// df/da (SideA) or df/db of y = op(a, b) as a traced tensor of the result's shape.
+template <bool SideA, class Op, class T, class D>
+Tensor<T, D> traced_derivative2(const Op& op, const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& y, const char* name) {
+  if constexpr (fn::piecewise_linear<Op>) {
+    return map2_unbatched<BinarySlopeFn<Op, SideA>, void>(a.untraced(), b.untraced(), BinarySlopeFn<Op, SideA>{op}, name);
+  } else if constexpr (fn::HasBinaryDerivative<Op, Tensor<T, D>>) {
+    return SideA ? op.derivative_a(a, b, y) : op.derivative_b(a, b, y);  // of an operand's shape or the result's: dy broadcasts
   } else {
-    fail(name, "has no higher-order derivative: its functor ", typeid(Op).name(), " has no traced derivative; use tg::custom_vjp for it");
+    fail(name, "has no higher-order derivative: its functor ", typeid(Op).name(), " gives backward_a / backward_b only; use tg::custom_jvp for it");
   }
-  return {da, db};  // dy has the result's shape, so each product has it too
+}
+
+/// The JVP rule of y = op(x): ty = f'(x) tx. Where nothing differentiates the rule (the innermost
+/// forward pass alone), the backward kernel with the tangent for the cotangent (one fused pass: the same
+/// arithmetic as the backward pass); else with ops, f'(x) traced.
+template <class Op, class T, class D>
+Tensor<T, D> unary_jvp(const Op& op, const Tensor<T, D>& x, const Tensor<T, D>& y, const Tensor<T, D>& tx, const char* name) {
+  if (!tx.defined()) return {};
+  if (active_tape == nullptr) {
+    Tensor<T, D> ty(x.shape());
+    unary_backward<Op, T, D>(x.size(), x.data(), y.data(), tx.data(), ty.data(), op);
+    return ty;
+  }
+  return tx * traced_derivative(op, x, y, name);
+}
+
+/// The JVP rule of y = op(a, b) (broadcast): ty = df/da ta + df/db tb, each term as unary_jvp computes
+/// it; add and sub as ta + tb and ta - tb.
+template <class Op, class T, class D>
+Tensor<T, D> binary_jvp(const Op& op, const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& y, const Tensor<T, D>& ta,
+                        const Tensor<T, D>& tb, const BroadcastIndex<2>& index, const char* name) {
+  if (!ta.defined() && !tb.defined()) return {};
+  auto full = [&](const Tensor<T, D>& t) { return t.shape() == y.shape() ? t : broadcast_to(t, y.shape()); };
+  if constexpr (std::is_same_v<Op, fn::Add> || std::is_same_v<Op, fn::Sub>) {
+    if (!tb.defined()) return full(ta);
+    const Tensor<T, D> sb = std::is_same_v<Op, fn::Sub> ? neg(tb) : tb;
+    return ta.defined() ? full(add(ta, sb)) : full(sb);
+  } else {
+    auto term = [&](const Tensor<T, D>& t, auto side_a) -> Tensor<T, D> {
+      if (active_tape == nullptr) {
+        const Tensor<T, D> g = full(t);
+        Tensor<T, D> out(y.shape());
+        index_map<D>(out.size(), BinaryBackwardFn<Op, T, decltype(side_a)::value>{a.data(), b.data(), y.data(), g.data(), out.data(), op, index});
+        return out;
+      }
+      return full(t * traced_derivative2<decltype(side_a)::value>(op, a, b, y, name));
+    };
+    Tensor<T, D> r;
+    if (ta.defined()) r = term(ta, std::true_type{});
+    if (tb.defined()) r = r.defined() ? add(r, term(tb, std::false_type{})) : term(tb, std::false_type{});
+    return r;
+  }
 }
 
 /// The tape's sum of two cotangents of one value (declared by core/tape.hpp): add.
@@ -488,7 +480,14 @@ Tensor<T, D> where(const Tensor<std::uint8_t, D>& cond, const Tensor<T, D>& a, c
                        const auto zero = zeros<T, D>(Shape{});
                        if (t.owns(ta)) t.accumulate(ta, detail::reduce_to(where(c, dy, zero), sa));
                        if (t.owns(tb)) t.accumulate(tb, detail::reduce_to(where(c, zero, dy), sb));
-                     });
+                     },
+                     [&](const detail::Tangents& tangent) -> Tensor<T, D> {
+                       const Tensor<T, D> ta = tangent(a), tb = tangent(b);
+                       if (!ta.defined() && !tb.defined()) return {};
+                       const auto zero = zeros<T, D>(Shape{});
+                       const Tensor<T, D> r = where(cond, ta.defined() ? ta : zero, tb.defined() ? tb : zero);
+                       return r.shape() == y.shape() ? r : broadcast_to(r, y.shape());
+                     }, "where");
     }
   }
   return y;
@@ -506,7 +505,12 @@ Tensor<T, D> broadcast_unbatched(const Tensor<T, D>& x, const Shape& shape) {
   if (x.size() == 1) index_map<D>(y.size(), BroadcastScalarFn<T>{x.data(), y.data()});
   else index_map<D>(y.size(), BroadcastCopyFn<T>{x.data(), y.data(), BroadcastIndex<1>(out, in)});
   if constexpr (FloatElement<T>) {
-    if (recording(x)) record(y, {x.trace()}, [in = x.trace(), s = x.shape()](Tape& t, const Tensor<T, D>& dy) { t.accumulate(in, reduce_to(dy, s)); });
+    if (recording(x))
+      record(y, {x.trace()}, [in = x.trace(), s = x.shape()](Tape& t, const Tensor<T, D>& dy) { t.accumulate(in, reduce_to(dy, s)); },
+             [&](const Tangents& tangent) {
+               const Tensor<T, D> tx = tangent(x);
+               return tx.defined() ? broadcast_unbatched(tx, shape) : tx;
+             }, "broadcast_to");
   }
   return y;
 }
@@ -539,7 +543,10 @@ Tensor<U, D> cast(const Tensor<T, D>& x) {
       if (detail::recording(x)) {
         detail::record(y, {x.trace()}, [in = x.trace()](detail::Tape& t, const Tensor<U, D>& dy) {
           t.accumulate(in, cast<T>(dy));
-        });
+        }, [&](const detail::Tangents& tangent) {
+          const Tensor<T, D> tx = tangent(x);
+          return tx.defined() ? cast<U>(tx) : Tensor<U, D>{};
+        }, "cast");
       }
     }
     return y;

@@ -304,7 +304,10 @@ Tensor<T, D> transpose(const Tensor<T, D>& x, std::span<const int> perm) {
       for (std::size_t d = 0; d < p.size(); ++d) inverse[static_cast<std::size_t>(p[d])] = static_cast<int>(d);
       detail::record(y, {x.trace()}, [in = x.trace(), inverse](detail::Tape& t, const Tensor<T, D>& dy) {
         t.accumulate(in, transpose(dy, std::span<const int>(inverse)));
-      });
+      }, [&](const detail::Tangents& tangent) {
+        const Tensor<T, D> tx = tangent(x);
+        return tx.defined() ? transpose(tx, p) : tx;
+      }, "transpose");
     }
   }
   return y;
@@ -346,7 +349,11 @@ Tensor<T, D> slice_transpose(const Tensor<T, D>& dy, const Shape& s, AxisView v,
   Tensor<T, D> dx(s);
   rows_or_elements<D>(dx.size(), v.inner, SliceBackwardFn<T>{dy.data(), dx.data(), v.n, len, v.inner, start, step});
   if (recording(dy))
-    record(dx, {dy.trace()}, [in = dy.trace(), len, start, step, axis](Tape& t, const Tensor<T, D>& g) { t.accumulate(in, slice_impl(g, start, len, step, axis)); });
+    record(dx, {dy.trace()}, [in = dy.trace(), len, start, step, axis](Tape& t, const Tensor<T, D>& g) { t.accumulate(in, slice_impl(g, start, len, step, axis)); },
+           [&](const Tangents& tangent) {
+             const Tensor<T, D> t = tangent(dy);
+             return t.defined() ? slice_transpose(t, s, v, len, start, step, axis) : t;
+           }, "slice_transpose");
   return dx;
 }
 
@@ -363,7 +370,10 @@ Tensor<T, D> slice_impl(const Tensor<T, D>& x, std::int64_t start, std::int64_t 
     if (recording(x)) {
       record(y, {x.trace()}, [in = x.trace(), s = x.shape(), v, len, start, step, axis](Tape& t, const Tensor<T, D>& dy) {
         t.accumulate(in, slice_transpose(dy, s, v, len, start, step, axis));
-      });
+      }, [&](const Tangents& tangent) {
+        const Tensor<T, D> tx = tangent(x);
+        return tx.defined() ? slice_impl(tx, start, len, step, axis) : tx;
+      }, "slice");
     }
   }
   return y;
@@ -477,7 +487,12 @@ Tensor<T, D> take_transpose(const Tensor<T, D>& dy, const Shape& s, const Tensor
     index_map<D>(1, TakeInverseFn{idx.data(), v.n, m, inverse.data()}, m + v.n);
     rows_or_elements<D>(dx.size(), v.inner, TakeBackwardFn<T>{dy.data(), inverse.data(), dx.data(), v.n, m, v.inner});
   }
-  if (recording(dy)) record(dx, {dy.trace()}, [in = dy.trace(), idx, axis](Tape& t, const Tensor<T, D>& g) { t.accumulate(in, take(g, idx, axis)); });
+  if (recording(dy))
+    record(dx, {dy.trace()}, [in = dy.trace(), idx, axis](Tape& t, const Tensor<T, D>& g) { t.accumulate(in, take(g, idx, axis)); },
+           [&](const Tangents& tangent) {
+             const Tensor<T, D> t = tangent(dy);
+             return t.defined() ? take_transpose(t, s, idx, v, m, axis) : t;
+           }, "take_transpose");
   return dx;
 }
 }  // namespace detail
@@ -505,7 +520,10 @@ Tensor<T, D> take(const Tensor<T, D>& x, const Tensor<std::int32_t, D>& indices,
   if (detail::recording(x)) {
     detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape(), idx = indices, v, m, a](detail::Tape& t, const Tensor<T, D>& dy) {
       t.accumulate(in, detail::take_transpose(dy, s, idx, v, m, a));
-    });
+    }, [&](const detail::Tangents& tangent) {
+      const Tensor<T, D> tx = tangent(x);
+      return tx.defined() ? take(tx, indices, a) : tx;
+    }, "take");
   }
   return y;
 }
@@ -564,7 +582,16 @@ Tensor<T, D> concatenate(std::span<const Tensor<T, D>> xs, int axis = 0) {
       detail::record(y, {}, [ins, lens, offsets, a](detail::Tape& t, const Tensor<T, D>& dy) {
         for (std::size_t k = 0; k < ins.size(); ++k)
           if (t.owns(ins[k])) t.accumulate(ins[k], detail::slice_impl(dy, offsets[k], lens[k], 1, a));
-      });
+      }, [&](const detail::Tangents& tangent) -> Tensor<T, D> {
+        std::vector<Tensor<T, D>> ts;
+        bool any = false;
+        for (const auto& x : xs) {
+          Tensor<T, D> t = tangent(x);
+          any = any || t.defined();
+          ts.push_back(t.defined() ? t : zeros<T, D>(x.shape()));
+        }
+        return any ? concatenate(std::span<const Tensor<T, D>>(ts), a) : Tensor<T, D>{};
+      }, "concatenate");
     }
   }
   return y;

@@ -46,7 +46,7 @@ Tensor<T, D> activate(const Tensor<T, D>& z, Activation act) {
 /// dz = g * act'(z) elementwise.
 template <class Act>
 struct ActBackwardFn {
-  template <class C> TG_HD C operator()(C g, C z) const { return Act{}.backward(z, C(0), g); }
+  template <class C> TG_HD C operator()(C g, C z) const { return fn::backward(Act{}, z, C(0), g); }  // act'(z) reads z alone
 };
 
 template <class T, class D>
@@ -137,7 +137,12 @@ Tensor<T, D> bmm(const Tensor<T, D>& a, const Tensor<T, D>& b, bool ta, bool tb)
     record(c, {a.trace(), b.trace()}, [xa = a.trace(), xb = b.trace(), a, b, ta, tb](Tape& t, const Tensor<T, D>& dc) {
       if (t.owns(xa)) t.accumulate(xa, ta ? bmm(b, dc, tb, true) : bmm(dc, b, false, !tb));
       if (t.owns(xb)) t.accumulate(xb, tb ? bmm(dc, a, true, ta) : bmm(a, dc, !ta, false));
-    });
+    }, [&](const Tangents& tangent) {  // d(op(a) op(b)) = op(da) op(b) + op(a) op(db)
+      const Tensor<T, D> da = tangent(a), db = tangent(b);
+      Tensor<T, D> r = da.defined() ? bmm(da, b, ta, tb) : Tensor<T, D>{};
+      if (db.defined()) r = r.defined() ? add(r, bmm(a, db, ta, tb)) : bmm(a, db, ta, tb);
+      return r;
+    }, "matmul");
   }
   return c;
 }
@@ -237,7 +242,12 @@ Tensor<T, D> matmul(const Tensor<T, D>& a, const Tensor<T, D>& b, bool transpose
     detail::record(c, {a.trace(), b.trace()}, [ta = a.trace(), tb = b.trace(), a, b, transpose_a, transpose_b](detail::Tape& t, const Tensor<T, D>& dc) {
       if (t.owns(ta)) t.accumulate(ta, transpose_a ? matmul(b, dc, transpose_b, true) : matmul(dc, b, false, !transpose_b));
       if (t.owns(tb)) t.accumulate(tb, transpose_b ? matmul(dc, a, true, transpose_a) : matmul(a, dc, !transpose_a, false));
-    });
+    }, [&](const detail::Tangents& tangent) {  // d(op(a) op(b)) = op(da) op(b) + op(a) op(db)
+      const Tensor<T, D> da = tangent(a), db = tangent(b);
+      Tensor<T, D> r = da.defined() ? matmul(da, b, transpose_a, transpose_b) : Tensor<T, D>{};
+      if (db.defined()) r = r.defined() ? add(r, matmul(a, db, transpose_a, transpose_b)) : matmul(a, db, transpose_a, transpose_b);
+      return r;
+    }, "matmul");
   }
   return c;
 }

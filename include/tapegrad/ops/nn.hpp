@@ -124,7 +124,10 @@ Tensor<T, D> softmax_cross_entropy_with_integer_labels(const Tensor<T, D>& logit
       Tensor<T, D> dx(x0.shape());
       detail::index_map<D>(y.size(), detail::SoftmaxCrossEntropyBackwardFn<T>{x0.data(), y.data(), dloss.data(), dx.data(), n}, 16 * n);
       t.accumulate(in, dx);
-    });
+    }, [&](const detail::Tangents& tangent) {  // d loss = sum((softmax(x) - one_hot(y)) tx) over the classes
+      const Tensor<T, D> tx = tangent(logits);
+      return tx.defined() ? sum(mul(sub(softmax(logits), one_hot<T>(labels, n)), tx), -1) : tx;
+    }, op);
   }
   return loss;
 }
@@ -286,7 +289,10 @@ Tensor<T, D> dropout_impl(random::Key key, const Tensor<std::uint32_t, D>* key_d
     // dropout_impl of dy is that: an op of its own, recorded when a backward pass records.
     record(y, {x.trace()}, [in = x.trace(), key, kept_key, rate, per_example, key_per_example](Tape& t, const Tensor<T, D>& dy) {
       t.accumulate(in, dropout_impl<T, D>(key, kept_key.defined() ? &kept_key : nullptr, dy, rate, per_example, key_per_example));
-    });
+    }, [&](const Tangents& tangent) {  // linear: the tangent through the same mask
+      const Tensor<T, D> tx = tangent(x);
+      return tx.defined() ? dropout_impl<T, D>(key, key_data, tx, rate, per_example, key_per_example) : tx;
+    }, "dropout");
   }
   return y;
 }

@@ -196,7 +196,10 @@ Tensor<T, D> sum(const Tensor<T, D>& x, int axis, bool keepdims = false) {
       const int a = x.shape().normalize_axis(axis, "sum");
       detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape(), a](detail::Tape& t, const Tensor<T, D>& dy) {
         t.accumulate(in, detail::expand_reduced(dy, s, a));
-      });
+      }, [&](const detail::Tangents& tangent) {
+        const Tensor<T, D> tx = tangent(x);
+        return tx.defined() ? sum(tx, a, keepdims) : tx;
+      }, "sum");
     }
   }
   return y;
@@ -212,7 +215,10 @@ Tensor<T, D> mean(const Tensor<T, D>& x, int axis, bool keepdims = false) {
     const int a = x.shape().normalize_axis(axis, "mean");
     detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape(), a](detail::Tape& t, const Tensor<T, D>& dy) {
       t.accumulate(in, mul(detail::expand_reduced(dy, s, a), 1.0 / static_cast<double>(s[a])));
-    });
+    }, [&](const detail::Tangents& tangent) {
+      const Tensor<T, D> tx = tangent(x);
+      return tx.defined() ? mean(tx, a, keepdims) : tx;
+    }, "mean");
   }
   return y;
 }
@@ -224,6 +230,16 @@ Tensor<T, D> max_backward(const Tensor<T, D>& x, const Tensor<T, D>& y_expanded,
                           const Tensor<T, D>& count_expanded) {
   const auto mask = cast<T>(equal(x, y_expanded));
   return div(mul(dy_expanded, mask), count_expanded);
+}
+}  // namespace detail
+
+namespace detail {
+/// The tangent of a max (JAX's rule): the tangents at the elements equal to the maximum, averaged over
+/// ties. `ye`: the maximum expanded to x's shape; `reduce` sums along the reduced axes.
+template <Element T, Device D, class Reduce>
+Tensor<T, D> max_jvp(const Tensor<T, D>& x, const Tensor<T, D>& ye, const Tensor<T, D>& tx, Reduce reduce) {
+  const auto at = cast<T>(equal(x.untraced(), ye.untraced()));
+  return div(reduce(mul(tx, at)), reduce(at));
 }
 }  // namespace detail
 
@@ -241,7 +257,11 @@ Tensor<T, D> max(const Tensor<T, D>& x, int axis, bool keepdims = false) {
         const auto ye = detail::expand_reduced(y0, x0.shape(), a);
         const auto count = detail::expand_reduced(sum(cast<T>(equal(x0, ye)), a), x0.shape(), a);
         t.accumulate(in, detail::max_backward(x0, ye, detail::expand_reduced(dy, x0.shape(), a), count));
-      });
+      }, [&](const detail::Tangents& tangent) {
+        const Tensor<T, D> tx = tangent(x);
+        if (!tx.defined()) return tx;
+        return detail::max_jvp(x, detail::expand_reduced(y, x.shape(), a), tx, [&](const Tensor<T, D>& v) { return sum(v, a, keepdims); });
+      }, "max");
     }
   }
   return y;
@@ -276,7 +296,11 @@ Tensor<T, D> logsumexp(const Tensor<T, D>& x, int axis, bool keepdims = false) {
     detail::record_with_output(y, {x.trace()}, [in = x.trace(), x, a](detail::Tape& t, const Tensor<T, D>& dy, const Tensor<T, D>& y) {
       const auto p = exp(sub(x, detail::expand_reduced(y, x.shape(), a)));
       t.accumulate(in, mul(detail::expand_reduced(dy, x.shape(), a), p));
-    });
+    }, [&](const detail::Tangents& tangent) {
+      const Tensor<T, D> tx = tangent(x);
+      if (!tx.defined()) return tx;
+      return sum(mul(exp(sub(x, detail::expand_reduced(y, x.shape(), a))), tx), a, keepdims);  // softmax . tx
+    }, "logsumexp");
   }
   return y;
 }
@@ -301,7 +325,10 @@ Tensor<T, D> batched_sum_all(const Tensor<T, D>& x, double scale, const char* op
         d.resize(static_cast<std::size_t>(s.rank()), 1);
         const Tensor<T, D> g = broadcast_to(dy.reshape(Shape(d)), s);
         t.accumulate(in, scale == 1.0 ? g : mul(g, scale));
-      });
+      }, [&](const Tangents& tangent) {  // linear: the same sums of the tangent
+        const Tensor<T, D> tp = tangent(p);
+        return tp.defined() ? batched_sum_all(as_batched(tp, lv), scale, op).physical() : tp;
+      }, op);
     }
   }
   return as_batched(y, lv);
@@ -317,7 +344,10 @@ Tensor<T, D> sum(const Tensor<T, D>& x) {
     if (detail::recording(x)) {
       detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape()](detail::Tape& t, const Tensor<T, D>& dy) {
         t.accumulate(in, broadcast_to(dy, s));
-      });
+      }, [&](const detail::Tangents& tangent) {
+        const Tensor<T, D> tx = tangent(x);
+        return tx.defined() ? sum(tx) : tx;
+      }, "sum");
     }
   }
   return y;
@@ -336,7 +366,10 @@ Tensor<T, D> mean(const Tensor<T, D>& x) {
   if (detail::recording(x)) {
     detail::record(y, {x.trace()}, [in = x.trace(), s = x.shape()](detail::Tape& t, const Tensor<T, D>& dy) {
       t.accumulate(in, mul(broadcast_to(dy, s), 1.0 / static_cast<double>(s.numel())));
-    });
+    }, [&](const detail::Tangents& tangent) {
+      const Tensor<T, D> tx = tangent(x);
+      return tx.defined() ? mean(tx) : tx;
+    }, "mean");
   }
   return y;
 }
@@ -353,7 +386,11 @@ Tensor<T, D> max(const Tensor<T, D>& x) {
         const auto ye = broadcast_to(y0, x0.shape());
         const auto count = broadcast_to(sum(cast<T>(equal(x0, ye))), x0.shape());
         t.accumulate(in, detail::max_backward(x0, ye, broadcast_to(dy, x0.shape()), count));
-      });
+      }, [&](const detail::Tangents& tangent) {
+        const Tensor<T, D> tx = tangent(x);
+        if (!tx.defined()) return tx;
+        return detail::max_jvp(x, broadcast_to(y, x.shape()), tx, [](const Tensor<T, D>& v) { return sum(v); });
+      }, "max");
     }
   }
   return y;
@@ -384,7 +421,14 @@ Tensor<T, D> softmax_over_rows(const Tensor<T, D>& x, const char* op) {
       const int last = y.rank() - 1;
       if constexpr (Log) t.accumulate(in, sub(dy, mul(exp(y), broadcast_to(sum(dy, last, true), y.shape()))));
       else t.accumulate(in, mul(y, sub(dy, broadcast_to(sum(mul(dy, y), last, true), y.shape()))));
-    });
+    }, [&](const Tangents& tangent) {
+      // softmax: ty = y (tx - sum(y tx)); log_softmax: ty = tx - sum(softmax tx); along the last axis.
+      const Tensor<T, D> tx = tangent(x);
+      if (!tx.defined()) return tx;
+      const int last = y.rank() - 1;
+      if constexpr (Log) return sub(tx, broadcast_to(sum(mul(exp(y), tx), last, true), y.shape()));
+      else return mul(y, sub(tx, broadcast_to(sum(mul(y, tx), last, true), y.shape())));
+    }, op);
   }
   return y;
 }
