@@ -11,7 +11,7 @@
 //     and its Laplacian (jvp of grad in the points, the loss's inner part).
 // Prints the medians (ms) and the ratios JVP / forward and HVP / grad. scripts/bench_forward_jax.py times
 // the same in JAX under jax.jit.
-//   bench_forward [--runs R] [--reps N] [--vit-batch B]
+//   bench_forward [--runs R] [--reps N] [--vit-batch B] [--only mlp|vit|pinn]
 #include <tapegrad/tapegrad.hpp>
 
 #include <omp.h>
@@ -63,21 +63,23 @@ void row(const char* what, double t, double base, const char* of) { std::printf(
 int main(int argc, char** argv) {
   int runs = 5, reps = 10;
   std::int64_t vit_batch = 128;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::stoll(argv[++i]) : 0LL; };
     if (a == "--runs") runs = static_cast<int>(next());
     else if (a == "--reps") reps = static_cast<int>(next());
     else if (a == "--vit-batch") vit_batch = next();
+    else if (a == "--only" && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: bench_forward [--runs R] [--reps N] [--vit-batch B]\n");
+      std::fprintf(stderr, "usage: bench_forward [--runs R] [--reps N] [--vit-batch B] [--only mlp|vit|pinn]\n");
       return 2;
     }
   }
   tg::cpu::FlushDenormals flush;
   std::printf("bench_forward: medians of %d runs of %d calls, eager f32, %d OpenMP threads\n", runs, reps, omp_get_max_threads());
 
-  {
+  if (only.empty() || only == "mlp") {
     const Mlp p = init_mlp(1), v = init_mlp(20);
     const T x = rnd::normal<float, D>(rnd::key(40), {256, 64});
     std::vector<std::int32_t> yv(256);
@@ -100,7 +102,7 @@ int main(int argc, char** argv) {
     row("hvp of the loss, by the rules", hvp, grad, "grad");
     row("hvp of the loss, by transposition", hvp_t, grad, "grad");
   }
-  {
+  if (only.empty() || only == "vit") {
     const vit::Config c;
     const auto p = vit::init_params<D>(rnd::key(0), c), v = vit::init_params<D>(rnd::key(5), c);
     const T x = rnd::uniform<float, D>(rnd::key(41), {vit_batch, c.image, c.image});
@@ -113,7 +115,7 @@ int main(int argc, char** argv) {
     row("jvp of the logits, by the rules", jvp, fwd, "forward");
     row("jvp of the logits, by transposition", jvp_t, fwd, "forward");
   }
-  {
+  if (only.empty() || only == "pinn") {
     const auto p = pinn::init_params<D>(rnd::key(0), 32), v = pinn::init_params<D>(rnd::key(9), 32);
     const auto col = pinn::collocation<D>(32);
     std::printf("PINN network (width 32) at %lld points\n", static_cast<long long>(col.xy.dim(0)));

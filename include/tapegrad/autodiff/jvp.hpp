@@ -138,7 +138,7 @@ template <class F, class X, class... Args>
 auto jvp_by_rules(F& f, const X& primal, const X& tangent, Args&... args) {
   TransformTape scope(TransformTape::forward);
   Tape& tape = scope.tape();
-  DepthScope depth(2);  // fused ops run as their compositions, whose primitives have rules
+  DepthScope depth(1);  // one level: the fused ops keep their kernels (their rules) unless another level encloses
   X traced = primal;
   using Out = std::remove_cvref_t<std::invoke_result_t<F&, const X&, Args&...>>;
   Out out = [&] {

@@ -284,6 +284,10 @@ inline thread_local int differentiation_depth = 0;
 /// True where the ops run under two or more differentiating transformations (see differentiation_depth).
 inline bool higher_order() { return differentiation_depth >= 2; }
 
+/// True where a forward-mode pass (tg::jvp) sees the ops run on this thread: an op whose fused kernel has
+/// no JVP rule runs its composition of primitives instead (as under higher order).
+inline bool forward_mode();
+
 /// Adds `levels` to differentiation_depth for a scope.
 class DepthScope {
  public:
@@ -427,6 +431,8 @@ inline void Tape::backward(Walk& walk, std::int64_t first, std::int64_t last) {
     fn(*this);
   }
 }
+
+inline bool forward_mode() { return active_tape != nullptr && active_tape->forward_mode(); }
 
 /// True when any of `xs` is traced on the tape being recorded: the one check untraced code pays.
 template <class... Ts>

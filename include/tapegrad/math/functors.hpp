@@ -285,15 +285,21 @@ concept HasBinaryDerivative = requires(const Op op, C x) { op.derivative_a(x, x,
 /// cotangent is not read. A piecewise-linear functor's is, unless it says otherwise (a multiplication by
 /// a constant, whose 0 times a NaN stays NaN).
 template <class Op>
-constexpr bool selects() {
-  if constexpr (requires { Op::selects; }) return Op::selects;
-  else return piecewise_linear<Op>;
-}
+struct selects_trait {
+  static constexpr bool value = piecewise_linear<Op>;
+};
+template <class Op>
+  requires requires { Op::selects; }
+struct selects_trait<Op> {
+  static constexpr bool value = Op::selects;
+};
+template <class Op>
+inline constexpr bool selects = selects_trait<Op>::value;
 
 /// dy times the slope, as a select where the derivative is one.
 template <class Op, class C>
 TG_HD C times_slope(C dy, C slope) {
-  if constexpr (selects<Op>()) return slope == C(0) ? C(0) : dy * slope;
+  if constexpr (selects<Op>) return slope == C(0) ? C(0) : dy * slope;
   else return dy * slope;
 }
 

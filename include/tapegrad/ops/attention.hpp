@@ -624,8 +624,9 @@ Tensor<T, D> attention_impl(const Tensor<T, D>& q, const Tensor<T, D>& k, const 
   const AttentionDims d = attention_dims(q, k, v, mask, o, op);
   TG_CHECK(d.H <= attention_max_head_dim || o.implementation != AttentionImplementation::fused, op, "head_dim ", d.H, " is above the fused kernels' ",
            attention_max_head_dim, "; use implementation = AttentionImplementation::composed (or automatic)");
-  // Under two differentiating transformations the composed form, whose ops are traced to any order.
-  const bool higher = higher_order() && recording(q, k, v);
+  // Under two differentiating transformations the composed form, whose ops are traced to any order; under
+  // forward mode too (its ops' JVP rules; the fused kernel has none).
+  const bool higher = (higher_order() || forward_mode()) && recording(q, k, v);
   const bool fused = !higher && (o.implementation == AttentionImplementation::fused ||
                                  (o.implementation == AttentionImplementation::automatic && d.H <= attention_max_head_dim &&
                                   attention_fused_is_faster<D>(d)));

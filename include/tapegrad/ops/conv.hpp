@@ -314,7 +314,7 @@ Tensor<T, D> conv(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T, 
            b.shape().str());
   const bool traced = detail::recording(x, w, b);
   // Under two differentiating transformations: the primitives, each traced to any order.
-  if (traced && detail::higher_order()) return detail::activate(add(detail::conv_forward(x, w, p0), b), act);
+  if (traced && (detail::higher_order() || detail::forward_mode())) return detail::activate(add(detail::conv_forward(x, w, p0), b), act);
   backend::ConvProblem p = p0;
   p.bias = fused_linear();
   p.act = traced || !fused_linear() ? Activation::none : act;

@@ -131,6 +131,52 @@ struct SameShapeBinaryFn {
   }
 };
 
+/// How an operand of a broadcast binary op is read along the result viewed as rows of its last axis:
+/// offset = row * row_stride + k * col_stride (each 0 or the operand's row length), or not expressible
+/// that way (the generic BroadcastIndex path).
+struct RowPattern {
+  bool ok = false;
+  std::int64_t row_stride = 0, col_stride = 0;
+};
+
+/// The operand's pattern against the result `out` (rank >= 1): the whole result (n, 1), a row vector of the
+/// last axis (0, 1: a bias), a column of per-row values (1, 0: the (..., 1) statistics of a row
+/// reduction) or a scalar (0, 0).
+inline RowPattern row_pattern(const Shape& in, const Shape& out) {
+  const std::int64_t n = out[out.rank() - 1];
+  if (in == out) return {true, n, 1};
+  if (in.numel() == 1) return {true, 0, 0};
+  int lead = 0;
+  while (lead < in.rank() && in[lead] == 1) ++lead;
+  if (lead == in.rank() - 1 && in[in.rank() - 1] == n) return {true, 0, 1};
+  if (in.rank() == out.rank() && in[in.rank() - 1] == 1) {
+    for (int d = 0; d < in.rank() - 1; ++d)
+      if (in[d] != out[d]) return {};
+    return {true, 1, 0};
+  }
+  return {};
+}
+
+/// BinaryFn for operands read by row patterns: a row of the result per item, its inner loop unit-stride
+/// or constant in each operand, which vectorises (the generic path computes each offset axis by axis).
+template <class Op, class TIn, class TOut>
+struct BinaryRowsFn {
+  const TIn* a;
+  const TIn* b;
+  TOut* y;
+  Op op;
+  RowPattern pa, pb;
+  std::int64_t n;
+  TG_HD void operator()(std::int64_t row) const {
+    using C = compute_t<TIn>;
+    const TIn* ar = a + row * pa.row_stride;
+    const TIn* br = b + row * pb.row_stride;
+    TOut* yr = y + row * n;
+    const std::int64_t sa = pa.col_stride, sb = pb.col_stride;
+    for (std::int64_t k = 0; k < n; ++k) yr[k] = convert_to<TOut>(op(convert_from<C>(ar[k * sa]), convert_from<C>(br[k * sb])));
+  }
+};
+
 template <class T>
 struct SelectFn {
   const std::uint8_t* cond;
@@ -228,7 +274,12 @@ auto map2_unbatched(const Tensor<T, D>& a, const Tensor<T, D>& b, Op op, const c
   const Shape* in[2] = {&a.shape(), &b.shape()};
   const detail::BroadcastIndex<2> index(out, in);
   Tensor<R, D> y(out);
+  const detail::RowPattern pa = out.rank() ? detail::row_pattern(a.shape(), out) : detail::RowPattern{};
+  const detail::RowPattern pb = out.rank() ? detail::row_pattern(b.shape(), out) : detail::RowPattern{};
+  const std::int64_t n = out.rank() ? out[out.rank() - 1] : 1;
   if (index.trivial[0] && index.trivial[1]) detail::index_map<D>(y.size(), detail::SameShapeBinaryFn<Op, T, R>{a.data(), b.data(), y.data(), op});
+  else if (detail::few_long_items<D> && pa.ok && pb.ok && n >= 8)  // the CPU: a row per item (a GPU keeps a thread per element)
+    detail::index_map<D>(y.size() / n, detail::BinaryRowsFn<Op, T, R>{a.data(), b.data(), y.data(), op, pa, pb, n}, n);
   else detail::index_map<D>(y.size(), detail::BinaryFn<Op, T, R>{a.data(), b.data(), y.data(), op, index});
   if constexpr (std::is_same_v<R, T> && FloatElement<T> && detail::BinaryDifferentiable<Op, compute_t<T>>) {
     if (detail::recording(a, b)) {
@@ -389,7 +440,8 @@ Tensor<T, D> unary_jvp(const Op& op, const Tensor<T, D>& x, const Tensor<T, D>& 
 }
 
 /// The JVP rule of y = op(a, b) (broadcast): ty = df/da ta + df/db tb, each term as unary_jvp computes
-/// it; add and sub as ta + tb and ta - tb.
+/// it; add, sub, mul and div as their products with the operands (broadcast by the ops themselves: no
+/// copy of a tangent to the result's shape unless the result needs it).
 template <class Op, class T, class D>
 Tensor<T, D> binary_jvp(const Op& op, const Tensor<T, D>& a, const Tensor<T, D>& b, const Tensor<T, D>& y, const Tensor<T, D>& ta,
                         const Tensor<T, D>& tb, const BroadcastIndex<2>& index, const char* name) {
@@ -399,6 +451,13 @@ Tensor<T, D> binary_jvp(const Op& op, const Tensor<T, D>& a, const Tensor<T, D>&
     if (!tb.defined()) return full(ta);
     const Tensor<T, D> sb = std::is_same_v<Op, fn::Sub> ? neg(tb) : tb;
     return ta.defined() ? full(add(ta, sb)) : full(sb);
+  } else if constexpr (std::is_same_v<Op, fn::Mul>) {  // ta b + a tb
+    Tensor<T, D> r = ta.defined() ? mul(ta, b) : Tensor<T, D>{};
+    if (tb.defined()) r = r.defined() ? add(r, mul(a, tb)) : mul(a, tb);
+    return full(r);
+  } else if constexpr (std::is_same_v<Op, fn::Div>) {  // (ta - tb y) / b
+    const Tensor<T, D> num = !tb.defined() ? ta : ta.defined() ? sub(ta, mul(tb, y)) : neg(mul(tb, y));
+    return full(div(num, b));
   } else {
     auto term = [&](const Tensor<T, D>& t, auto side_a) -> Tensor<T, D> {
       if (active_tape == nullptr) {

@@ -326,7 +326,20 @@ Tensor<T, D> linear(const Tensor<T, D>& x, const Tensor<T, D>& w, const Tensor<T
                    }
                    detail::linear_input_gradient(t, tx, dz, w0);
                    producer->dz = producer->db = Tensor<T, D>{};  // free them early
-                 });
+                 },
+      [&](const detail::Tangents& tangent) -> Tensor<T, D> {
+        // tz = tx @ w + tb + x @ tw, then ty = act'(z) tz with the kept pre-activation (kernels: at one
+        // level, nothing differentiates this rule; an enclosing level runs the layer composed).
+        const Tensor<T, D> tx = tangent(x), tw = tangent(w), tb = tangent(b);
+        if (!tx.defined() && !tw.defined() && !tb.defined()) return {};
+        if (detail::active_tape != nullptr) throw detail::NoForwardRule{"linear"};
+        Tensor<T, D> tz;
+        if (tx.defined()) tz = tb.defined() ? linear(tx, w, tb) : matmul(tx, w);
+        if (tw.defined()) tz = tz.defined() ? add(tz, matmul(x, tw)) : matmul(x, tw);
+        if (!tz.defined()) tz = broadcast_to(tb, y.shape());
+        else if (!tx.defined() && tb.defined()) tz = add(tz, tb);
+        return act == Activation::none ? tz : detail::activation_backward(tz, z, act);
+      }, "linear");
   detail::active_tape->state(node) = producer;
   return y;
 }

@@ -192,6 +192,39 @@ struct LayerNormFn {
   }
 };
 
+/// layer_norm's JVP, a row per item: with xhat = (x - mean) rstd from the kept statistics,
+/// ty = rstd (tx - mean(tx) - xhat mean(tx xhat)) scale + xhat tscale + tbias; a null tangent is zero.
+template <class T>
+struct LayerNormJvpFn {
+  using C = compute_t<T>;
+  const T *x, *scale, *tx, *tscale, *tbias;
+  const C *mean, *rstd;
+  T* ty;
+  std::int64_t n;
+  TG_HD C xhat(const T* xr, std::int64_t k, C mu, C r) const { return (convert_from<C>(xr[k]) - mu) * r; }
+  TG_HD void operator()(std::int64_t row) const {
+    const T* xr = x + row * n;
+    T* yr = ty + row * n;
+    const C mu = mean[row], r = rstd[row];
+    C m1 = C(0), m2 = C(0);
+    if (tx) {
+      const T* tr = tx + row * n;
+      for (std::int64_t k = 0; k < n; ++k) {
+        const C t = convert_from<C>(tr[k]);
+        m1 += t, m2 += t * xhat(xr, k, mu, r);
+      }
+      m1 /= C(n), m2 /= C(n);
+    }
+    for (std::int64_t k = 0; k < n; ++k) {
+      const C h = xhat(xr, k, mu, r);
+      C v = tx ? r * (convert_from<C>(tx[row * n + k]) - m1 - h * m2) * convert_from<C>(scale[k]) : C(0);
+      if (tscale) v += h * convert_from<C>(tscale[k]);
+      if (tbias) v += convert_from<C>(tbias[k]);
+      yr[k] = convert_to<T>(v);
+    }
+  }
+};
+
 /// layer_norm's backward in one launch of rows + chunks * n items. Item r < rows is row r's input
 /// gradient: with xhat = (x - mean) rstd and g = dy scale, dx = rstd (g - mean(g) - xhat mean(g xhat)).
 /// Item rows + c n + k is chunk c's partial sums over its `chunk` rows of column k: dy xhat (for dscale)
@@ -348,7 +381,21 @@ Tensor<T, D> layer_norm(const Tensor<T, D>& x, const Tensor<T, D>& scale, const 
                      t.accumulate(tx, dx);
                      if (t.owns(ts)) t.accumulate(ts, detail::reduce_axis<detail::SumReducer, T>(ps, 0, false, "layer_norm"));
                      if (t.owns(tb)) t.accumulate(tb, detail::reduce_axis<detail::SumReducer, T>(pb, 0, false, "layer_norm"));
-                   });
+                   },
+                   [&](const detail::Tangents& tangent) -> Tensor<T, D> {
+                     // ty = t_xhat scale + xhat tscale + tbias, t_xhat = rstd (tx - mean(tx) - xhat mean(tx xhat)), from
+                     // the kept statistics (at one level nothing differentiates this rule; an enclosing level runs
+                     // the normalisation composed).
+                     const Tensor<T, D> tx = tangent(x), tsc = tangent(scale), tbi = tangent(bias);
+                     if (!tx.defined() && !tsc.defined() && !tbi.defined()) return {};
+                     if (detail::active_tape != nullptr) throw detail::NoForwardRule{"layer_norm"};
+                     Tensor<T, D> ty(x.shape());
+                     if (rows > 0 && n > 0)
+                       detail::index_map<D>(rows, detail::LayerNormJvpFn<T>{x.data(), scale.data(), tx.defined() ? tx.data() : nullptr,
+                                                                           tsc.defined() ? tsc.data() : nullptr, tbi.defined() ? tbi.data() : nullptr,
+                                                                           mean.data(), rstd.data(), ty.data(), n}, 8 * n);
+                     return ty;
+                   }, op);
   }
   return y;
 }

@@ -122,6 +122,28 @@ struct SoftmaxBackwardRowFn {
   }
 };
 
+/// The JVP of softmax (log_softmax) for each row, from its output y: ty = y (tx - sum(y tx)) (log: ty =
+/// tx - sum(exp(y) tx)), in one pass over the row.
+template <class T, bool Log>
+struct SoftmaxJvpRowFn {
+  const T* y;
+  const T* tx;
+  T* ty;
+  std::int64_t n;
+  TG_HD void operator()(std::int64_t row) const {
+    using C = compute_t<T>;
+    const T* yr = y + row * n;
+    const T* tr = tx + row * n;
+    T* out = ty + row * n;
+    C s = C(0);
+    for (std::int64_t k = 0; k < n; ++k) s += (Log ? math::exp(convert_from<C>(yr[k])) : convert_from<C>(yr[k])) * convert_from<C>(tr[k]);
+    for (std::int64_t k = 0; k < n; ++k) {
+      const C t = convert_from<C>(tr[k]);
+      out[k] = convert_to<T>(Log ? t - s : convert_from<C>(yr[k]) * (t - s));
+    }
+  }
+};
+
 template <class T, bool Log, class D>
 Tensor<T, D> softmax_backward(const Tensor<T, D>& y, const Tensor<T, D>& dy) {
   const std::int64_t n = y.dim(-1);
@@ -299,7 +321,7 @@ Tensor<T, D> logsumexp(const Tensor<T, D>& x, int axis, bool keepdims = false) {
     }, [&](const detail::Tangents& tangent) {
       const Tensor<T, D> tx = tangent(x);
       if (!tx.defined()) return tx;
-      return sum(mul(exp(sub(x, detail::expand_reduced(y, x.shape(), a))), tx), a, keepdims);  // softmax . tx
+      return sum(mul(exp(sub(x, y.reshape(detail::reduced_shape(x.shape(), a, true)))), tx), a, keepdims);  // softmax . tx
     }, "logsumexp");
   }
   return y;
@@ -425,9 +447,14 @@ Tensor<T, D> softmax_over_rows(const Tensor<T, D>& x, const char* op) {
       // softmax: ty = y (tx - sum(y tx)); log_softmax: ty = tx - sum(softmax tx); along the last axis.
       const Tensor<T, D> tx = tangent(x);
       if (!tx.defined()) return tx;
+      if (active_tape == nullptr) {  // nothing differentiates the rule: one pass per row
+        Tensor<T, D> ty(y.shape());
+        if (n > 0) index_map<D>(y.size() / n, SoftmaxJvpRowFn<T, Log>{y.data(), tx.data(), ty.data(), n}, (Log ? 16 : 4) * n);
+        return ty;
+      }
       const int last = y.rank() - 1;
-      if constexpr (Log) return sub(tx, broadcast_to(sum(mul(exp(y), tx), last, true), y.shape()));
-      else return mul(y, sub(tx, broadcast_to(sum(mul(y, tx), last, true), y.shape())));
+      if constexpr (Log) return sub(tx, sum(mul(exp(y), tx), last, true));  // (..., 1) broadcasts along the row
+      else return mul(y, sub(tx, sum(mul(y, tx), last, true)));
     }, op);
   }
   return y;
