@@ -105,10 +105,15 @@ TEST_CASE("jvp pushes tangents by each op's forward rule, equal to the transpose
     const auto dr = tg::dropout(rnd::key(3), v, 0.25);
     return tg::sum(ce) + tg::sum(ln * ln) + tg::sum(dr * v);
   }, x, seed++);
-  check_forward_rules("attention", [](const T& v) {
-    const auto q = v.reshape({1, 2, 3, 4}), k = (v * 0.5).reshape({1, 2, 3, 4}), vv = tg::tanh(v).reshape({1, 2, 3, 4});
-    return tg::dot_product_attention(q, k, vv, tg::AttentionOptions{.is_causal = true});
-  }, x, seed++);
+  for (auto impl : {tg::AttentionImplementation::fused, tg::AttentionImplementation::composed}) {  // the fused kernel's rule, the ops'
+    check_forward_rules(impl == tg::AttentionImplementation::fused ? "attention, fused" : "attention, composed", [impl](const T& v) {
+      const auto q = v.reshape({1, 2, 3, 4}), k = (v * 0.5).reshape({1, 2, 3, 4}), vv = tg::tanh(v).reshape({1, 2, 3, 4});
+      const auto mask = tg::from_vector<D>(std::vector<std::uint8_t>{1, 0, 1, 1}, {2, 2});  // (T, S), broadcast over the heads
+      return tg::dot_product_attention(q, k, vv, tg::AttentionOptions{.is_causal = true, .implementation = impl}) +
+             tg::dot_product_attention(tg::index_in_dim(q, 0), tg::index_in_dim(k, 0), tg::index_in_dim(vv, 0), mask,
+                                       tg::AttentionOptions{.implementation = impl});
+    }, x, seed++);
+  }
   check_forward_rules("conv, pools", [](const T& v) {
     const auto img = v.reshape({1, 4, 3, 2});
     const auto k = v.reshape({2, 2, 2, 3}) * 0.5;  // (kh, kw, in, out)

@@ -554,7 +554,33 @@ Tensor<T, D> attention_fused(const Tensor<T, D>& q, const Tensor<T, D>& k, const
              t.accumulate(tq, dq);
              t.accumulate(tk, dk);
              t.accumulate(tv, dv);
-           });
+           },
+           [&](const Tangents& tangent) -> Tensor<T, D> {
+             // From the kept softmax rows P: tS = scale (tq k^T + q tk^T) where allowed (a masked logit is a
+             // constant), tP = P (tS - rowsum(P tS)), tO = tP v + P tv. At one level (nothing differentiates
+             // the rule) and where P is kept; else the JVP transposes (an enclosing level runs it composed).
+             const Tensor<T, D> tq = tangent(q), tk = tangent(k), tv = tangent(v);
+             if (!tq.defined() && !tk.defined() && !tv.defined()) return {};
+             if (active_tape != nullptr || !p.defined()) throw NoForwardRule{"dot_product_attention"};
+             const bool b4 = q.rank() == 4;
+             const char* qk = b4 ? "btnh,bsnh->bnts" : "tnh,snh->nts";
+             const char* pv = b4 ? "bnts,bsnh->btnh" : "nts,snh->tnh";
+             const Shape logits{d.B, d.N, d.T, d.S};
+             const Tensor<T, D> pt = cast<T>(p).reshape(b4 ? logits : Shape{d.N, d.T, d.S});
+             Tensor<T, D> to = tv.defined() ? einsum(pv, pt, tv) : Tensor<T, D>{};
+             if (tq.defined() || tk.defined()) {
+               Tensor<T, D> ts = tq.defined() ? einsum(qk, tq, k) : Tensor<T, D>{};
+               if (tk.defined()) ts = ts.defined() ? add(ts, einsum(qk, q, tk)) : einsum(qk, q, tk);
+               const Tensor<std::uint8_t, D> kept_mask = mask ? *mask : Tensor<std::uint8_t, D>{};
+               const Tensor<T, D> tsm = mask_logits_transpose(ts.reshape(logits), kept_mask, d);  // scaled, 0 where masked
+               const Tensor<T, D> p4 = pt.reshape(logits);
+               Tensor<T, D> tp(logits);
+               index_map<D>(d.B * d.N * d.T, SoftmaxJvpRowFn<T, false>{p4.data(), tsm.data(), tp.data(), d.S}, 4 * d.S);
+               const Tensor<T, D> term = einsum(pv, b4 ? tp : tp.reshape(Shape{d.N, d.T, d.S}), v);
+               to = to.defined() ? add(to, term) : term;
+             }
+             return to;
+           }, "dot_product_attention");
   }
   return out;
 }
@@ -625,8 +651,8 @@ Tensor<T, D> attention_impl(const Tensor<T, D>& q, const Tensor<T, D>& k, const 
   TG_CHECK(d.H <= attention_max_head_dim || o.implementation != AttentionImplementation::fused, op, "head_dim ", d.H, " is above the fused kernels' ",
            attention_max_head_dim, "; use implementation = AttentionImplementation::composed (or automatic)");
   // Under two differentiating transformations the composed form, whose ops are traced to any order; under
-  // forward mode too (its ops' JVP rules; the fused kernel has none).
-  const bool higher = (higher_order() || forward_mode()) && recording(q, k, v);
+  // forward mode too where the fused kernel's rule cannot run (the softmax rows not kept: long sequences).
+  const bool higher = (higher_order() || (forward_mode() && !attention_keeps_weights(d))) && recording(q, k, v);
   const bool fused = !higher && (o.implementation == AttentionImplementation::fused ||
                                  (o.implementation == AttentionImplementation::automatic && d.H <= attention_max_head_dim &&
                                   attention_fused_is_faster<D>(d)));
